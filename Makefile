@@ -1,0 +1,145 @@
+# smla build. `make` builds the library (static + shared), the CLI and the tests;
+# `make test` runs every test (GPU tests run when a GPU is present, else say skipped).
+# CUDA is optional: found as nvcc on PATH or in /usr/local/cuda; `make CUDA=0` disables it.
+
+PREFIX  ?= /usr/local
+BUILD   ?= build
+CC      ?= cc
+ifeq ($(origin CC),default)
+CC      := gcc
+endif
+CFLAGS  ?= -O2 -g
+WARN    := -std=c11 -Wall -Wextra -Werror
+CPPFLAGS_ALL := -Iinclude -Isrc -D_GNU_SOURCE
+LDLIBS  := -lm -lpthread
+
+VERSION_MAJOR := 0
+VERSION       := 0.1.0
+
+CUDA ?= auto
+ifeq ($(CUDA),auto)
+  NVCC := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+else ifeq ($(CUDA),0)
+  NVCC :=
+else
+  NVCC := $(CUDA)
+endif
+
+LIB_SRC := src/api.c src/metadata.c src/cpu/backend.c src/cpu/forward.c src/cpu/ops.c
+CU_SRC  :=
+ifneq ($(NVCC),)
+  CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+  CU_SRC    := $(wildcard src/cuda/*.cu) $(wildcard src/cuda/sm90/*.cu)
+  LIB_SRC   += src/cuda/backend.c
+  CPPFLAGS_ALL += -DSMLA_HAVE_CUDA -I$(CUDA_HOME)/include
+  CUDA_LIBDIR := $(CUDA_HOME)/lib64
+  CUDA_LDLIBS := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart
+  # Generic kernels: sm_80 and newer (machine code for sm_80 and sm_90, PTX for the rest).
+  # Hopper kernels (src/cuda/sm90/) add sm_90a.
+  NVCC_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+                  -gencode arch=compute_80,code=compute_80
+  NVCC_FLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC,-Wall -Werror all-warnings -lineinfo
+endif
+
+OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+
+STATIC := $(BUILD)/libsmla.a
+SHARED := $(BUILD)/libsmla.so.$(VERSION)
+SONAME := libsmla.so.$(VERSION_MAJOR)
+
+CLI   := $(BUILD)/smla
+TESTS := $(BUILD)/test_smla
+EXAMPLE := $(BUILD)/decode_step
+
+.PHONY: all lib test test-c test-python bench plot install clean sanitize
+all: lib $(CLI) $(TESTS) $(EXAMPLE)
+lib: $(STATIC) $(SHARED) $(BUILD)/libsmla.so
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(EXTRA_CFLAGS) -fPIC -pthread $(CPPFLAGS_ALL) -MMD -MP -c $< -o $@
+
+# The CPU forward's inner products: fused multiply-add (ISO C mode turns contraction off)
+# and the full vectorizer. -Wno-psabi: the 8-float vector helpers are static, no ABI crosses.
+$(BUILD)/obj/src/cpu/forward.o: EXTRA_CFLAGS := -O3 -ffp-contract=fast -Wno-psabi
+
+$(BUILD)/obj/src/cuda/sm90/%.o: src/cuda/sm90/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -gencode arch=compute_90a,code=sm_90a $(CPPFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_GENCODE) $(CPPFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(STATIC): $(OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(SHARED): $(OBJ)
+	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(CUDA_LDLIBS) $(LDLIBS)
+
+$(BUILD)/libsmla.so: $(SHARED)
+	ln -sf libsmla.so.$(VERSION) $(BUILD)/$(SONAME)
+	ln -sf libsmla.so.$(VERSION) $@
+
+# Programs link the static library, so they run from the build tree without LD_LIBRARY_PATH.
+PROG_LDLIBS = $(STATIC) $(CUDA_LDLIBS) $(LDLIBS)
+
+# Files named *_cuda.c call the CUDA runtime (and cuBLAS) directly: built only with CUDA.
+ifneq ($(NVCC),)
+  CLI_SRC  := $(wildcard tools/*.c)
+  TEST_SRC := $(wildcard tests/*.c)
+  CLI_LDLIBS := -lcublas
+else
+  CLI_SRC  := $(filter-out %_cuda.c,$(wildcard tools/*.c))
+  TEST_SRC := $(filter-out %_cuda.c,$(wildcard tests/*.c))
+endif
+
+$(CLI): $(CLI_SRC) $(wildcard tools/*.h) $(STATIC)
+	$(CC) $(WARN) $(CFLAGS) -pthread $(CPPFLAGS_ALL) $(CLI_SRC) -o $@ $(STATIC) $(CUDA_LDLIBS) $(CLI_LDLIBS) $(LDLIBS)
+
+$(TESTS): $(TEST_SRC) $(wildcard tests/*.h) $(STATIC)
+	$(CC) $(WARN) $(CFLAGS) -pthread $(CPPFLAGS_ALL) $(TEST_SRC) -o $@ $(PROG_LDLIBS)
+
+$(EXAMPLE): examples/decode_step.c $(STATIC)
+	$(CC) $(WARN) $(CFLAGS) -Iinclude examples/decode_step.c -o $@ $(PROG_LDLIBS)
+
+test: test-c test-python
+
+test-c: all
+	$(TESTS)
+	$(EXAMPLE)
+
+test-python: lib
+	@if python3 -c 'import numpy, pytest' 2>/dev/null; then \
+	  SMLA_LIBRARY=$(abspath $(BUILD)/libsmla.so) PYTHONPATH=$(abspath python) python3 -m pytest -q python/tests; \
+	else echo "python tests: SKIPPED (numpy and pytest not installed; .ci/run installs them)"; fi
+
+bench: $(CLI)
+	$(CLI) bench
+
+plot:
+	@test -n "$(JSON)" || { echo "usage: make plot JSON=bench.json [PNG=bench.png]"; exit 2; }
+	bench/plot.sh $(JSON) $(or $(PNG),$(JSON:.json=.png))
+
+# CPU library and tests under AddressSanitizer + UndefinedBehaviorSanitizer.
+sanitize:
+	$(MAKE) CUDA=0 BUILD=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	  LDLIBS="-lm -lpthread -fsanitize=address,undefined" build-asan/test_smla
+	build-asan/test_smla
+
+install: lib $(CLI)
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 include/smla.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libsmla.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libsmla.so
+	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
+	    -e 's|@LIBS_PRIVATE@|$(CUDA_LDLIBS) $(LDLIBS)|g' smla.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/smla.pc
+
+clean:
+	rm -rf $(BUILD) build-asan
+
+-include $(OBJ:.o=.d)

@@ -1,0 +1,324 @@
+/*
+ * smla.h: sparse MLA attention (DeepSeek Sparse Attention) for inference engines.
+ *
+ * This header is the manual. It is the only public header of the library; everything
+ * under src/ is private. The contract every backend implements is docs/spec.md (a copy
+ * of the project's SPEC with the choices this library made where the SPEC is silent).
+ *
+ * Quick start (one decode step, from C):
+ *
+ *     smla_context *ctx;  smla_plan *plan;
+ *     smla_context_create(&ctx, 0);                  // CUDA device 0 (SMLA_DEVICE_CPU: CPU)
+ *     smla_plan_desc d = { .max_tokens = 64, .num_heads = 16, .topk = 2048,
+ *                          .dr = 64, .format = SMLA_CACHE_BF16 };
+ *     smla_plan_create(ctx, &d, NULL, 0, &plan);     // the plan allocates its workspace
+ *     smla_convert_indices(ctx, &conv, stream);      // request-local -> cache slots
+ *     smla_forward(plan, &fwd, stream);              // attention over the gathered rows
+ *     ...
+ *     smla_plan_destroy(plan);  smla_context_destroy(ctx);
+ *
+ * examples/decode_step.c is that step in full.
+ *
+ * Conventions (apply to every call):
+ * - Every call returns an smla_status. Library code never prints, exits or aborts. On
+ *   failure, smla_context_message() says which argument was wrong and why.
+ * - Memory: data pointers are device pointers for a CUDA context and host pointers for a
+ *   CPU context (smla_build_metadata is host-only on both). The caller owns all memory
+ *   except a plan's own workspace when the plan was asked to allocate it.
+ * - Streams: every call that launches work takes `stream` (a cudaStream_t, NULL = the
+ *   legacy default stream). It is ignored on the CPU, where calls run to completion
+ *   before they return. Launching calls never synchronize, never allocate and never read
+ *   device data on the host, so they can be captured in a CUDA graph.
+ * - Strides are in elements of the tensor's own type, one per outer dimension; the last
+ *   dimension is contiguous. A stride is checked only when its dimension has more than one
+ *   element: it must be at least the extent of the dimensions inside it (no overlap).
+ * - Alignment: bf16 tensors (q_nope, q_pe, out, kv_c, k_pe) must start 16-byte aligned
+ *   and have strides that are multiples of 8 elements; cache data must be 16-byte aligned
+ *   with row_bytes a multiple of 16; int32/int64/float arrays naturally aligned.
+ * - Params structs: zero-initialize them ({0} or memset) and set what you use. Fields may
+ *   be appended in minor versions; a zeroed new field keeps the old behaviour.
+ * - Bad-input counters (`bad_inputs`, may be NULL) are uint64 in the same memory space as
+ *   the data; calls add to them atomically and never reset them (the caller zeroes them).
+ */
+#ifndef SMLA_H
+#define SMLA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------
+ * Version. Since v0.1.
+ * ------------------------------------------------------------------------------------- */
+#define SMLA_VERSION_MAJOR 0
+#define SMLA_VERSION_MINOR 1
+#define SMLA_VERSION_PATCH 0
+#define SMLA_VERSION_NUMBER \
+  (SMLA_VERSION_MAJOR * 10000 + SMLA_VERSION_MINOR * 100 + SMLA_VERSION_PATCH)
+#define SMLA_VERSION_STRING "0.1.0"
+
+/* The version the library was built as (SMLA_VERSION_NUMBER of its header). */
+unsigned smla_version(void);
+const char *smla_version_string(void);
+/* Build features, e.g. "cpu threads cuda sm_80 sm_90a" or "cpu threads". Static string. */
+const char *smla_build_features(void);
+
+/* ---------------------------------------------------------------------------------------
+ * Status codes. Values are pinned: they never change and are never reused.
+ * ------------------------------------------------------------------------------------- */
+typedef enum smla_status {
+  SMLA_OK = 0,
+  SMLA_ERR_INVALID_ARGUMENT = 1, /* a NULL pointer, shape, stride or value out of range */
+  SMLA_ERR_MISALIGNED = 2,       /* a pointer, stride or row_bytes breaks the alignment rule */
+  SMLA_ERR_UNSUPPORTED = 3,      /* a valid combination this backend does not implement */
+  SMLA_ERR_NO_CUDA = 4,          /* a CUDA device was asked for; the library has no CUDA */
+  SMLA_ERR_NO_DEVICE = 5,        /* no such CUDA device (or no GPU / driver) */
+  SMLA_ERR_CUDA = 6,             /* a CUDA runtime call failed; the message has its text */
+  SMLA_ERR_OUT_OF_MEMORY = 7,    /* host or device allocation failed */
+  SMLA_ERR_WORKSPACE = 8,        /* caller's workspace is smaller than the plan needs */
+  SMLA_ERR_CAPTURING = 9,        /* called during CUDA graph capture where not allowed */
+  SMLA_ERR_PLAN_MISMATCH = 10,   /* forward params do not fit the plan (T, N, K, Dr, format) */
+  SMLA_ERR_MALFORMED = 11,       /* malformed host metadata (decreasing starts, ...) */
+  SMLA_ERR_INTERNAL = 12         /* a bug in smla: please report it */
+} smla_status;
+
+/* A static, readable name for a status ("invalid argument"). Never NULL. */
+const char *smla_status_string(smla_status s);
+
+/* ---------------------------------------------------------------------------------------
+ * Cache formats. One row per slot, rows `row_bytes` apart (>= smla_cache_row_size()).
+ *   BF16        Dc bf16 latent, then Dr bf16 rope                       1152 / 1024 bytes
+ *   FP8_TENSOR  Dc+Dr e4m3; value = e4m3 * scale (one scale per cache)   576 /  512 bytes
+ *   FP8_DS      Dc e4m3 in 4 groups of 128, 4 float32 group scales,
+ *               then Dr bf16 rope (FlashMLA's V3.2 layout)               656 /  528 bytes
+ * (sizes for Dr = 64 / Dr = 0). e4m3 is OCP FP8 E4M3FN (max 448, no infinities).
+ * ------------------------------------------------------------------------------------- */
+typedef enum smla_cache_format {
+  SMLA_CACHE_BF16 = 0,
+  SMLA_CACHE_FP8_TENSOR = 1,
+  SMLA_CACHE_FP8_DS = 2
+} smla_cache_format;
+
+#define SMLA_DC 512         /* latent width Dc, also the value width Dv */
+#define SMLA_MAX_HEADS 128  /* N is 1..128 */
+
+/* Bytes of one row of `format` with `dr` rope dims (0 or 64); 0 if the pair is invalid. */
+size_t smla_cache_row_size(smla_cache_format format, int dr);
+
+/* A KV cache: S = num_slots rows of one format. */
+typedef struct smla_cache {
+  smla_cache_format format;
+  int dr;              /* rope dims: 64, or 0 for NoPE models */
+  int64_t num_slots;   /* S = num_blocks * block_size, >= 1 */
+  int64_t row_bytes;   /* bytes from one row to the next, >= smla_cache_row_size() */
+  void *data;          /* [S][row_bytes]; read-only for forward */
+  float scale;         /* FP8_TENSOR only: value = e4m3 * scale (> 0, finite) */
+} smla_cache;
+
+typedef enum smla_dtype { SMLA_DTYPE_BF16 = 0, SMLA_DTYPE_F32 = 1 } smla_dtype;
+
+/* ---------------------------------------------------------------------------------------
+ * Context: one per device. Caches the device's properties and holds the message of the
+ * last failed call. A context is not thread-safe: use one context per thread, or
+ * serialize the calls on it. Distinct contexts (also of one device) are independent.
+ * ------------------------------------------------------------------------------------- */
+typedef struct smla_context smla_context;
+
+#define SMLA_DEVICE_CPU (-1)
+
+/* Creates a context for the CPU (device = SMLA_DEVICE_CPU) or CUDA device `device`
+ * (an ordinal >= 0). Returns SMLA_ERR_NO_CUDA when the library was built without CUDA,
+ * SMLA_ERR_NO_DEVICE when there is no such GPU. *ctx is NULL on failure. */
+smla_status smla_context_create(smla_context **ctx, int device);
+/* Frees the context; NULL is a no-op. Destroy its plans first. */
+void smla_context_destroy(smla_context *ctx);
+/* The device the context was created for (SMLA_DEVICE_CPU or an ordinal). */
+int smla_context_device(const smla_context *ctx);
+/* What went wrong in the last call that failed on this context ("" if none). The string
+ * lives in the context until the next failing call. NULL ctx gives a static message. */
+const char *smla_context_message(const smla_context *ctx);
+/* CPU contexts: worker threads per call (0 = one per online core, the default). */
+smla_status smla_context_set_num_threads(smla_context *ctx, int num_threads);
+/* Number of CUDA devices visible (0 when built without CUDA or with no GPU). */
+int smla_cuda_device_count(void);
+/* Name of CUDA device `device` into buf (e.g. "NVIDIA H200, sm_90, 132 SMs"). */
+smla_status smla_cuda_device_name(int device, char *buf, size_t buf_bytes);
+
+/* ---------------------------------------------------------------------------------------
+ * 1. Convert indices: request-local token positions -> cache slots.
+ *   slots[t][k] = block_table[r][p / bs] * bs + p % bs   with r = req_id[t], p = local[t][k]
+ * or -1 where the entry is invalid: p < 0, p / bs >= B, block_table entry < 0, or r outside
+ * [0, R). A slot that would not fit in int32 is also invalid (-1).
+ * compact != 0 moves the valid entries of each row to the front, in their order, -1 after.
+ * ------------------------------------------------------------------------------------- */
+typedef struct smla_convert_params {
+  int64_t num_tokens;            /* T >= 0 */
+  int topk;                      /* K >= 1: entries per row */
+  const int32_t *req_id;         /* [T] request of each row */
+  const int32_t *block_table;    /* [R][B] block ids, row stride block_table_stride */
+  int num_requests;              /* R >= 1 */
+  int blocks_per_request;        /* B >= 1 */
+  int64_t block_table_stride;
+  int block_size;                /* bs >= 1 */
+  const int32_t *local;          /* [T][K] request-local positions, row stride local_stride */
+  int64_t local_stride;
+  int32_t *slots;                /* [T][K] out, row stride slots_stride; may alias local
+                                    only when compact == 0 and the strides are equal */
+  int64_t slots_stride;
+  int32_t *valid;                /* [T] out: valid entries per row; may be NULL */
+  int compact;                   /* 0 or 1 */
+} smla_convert_params;
+
+smla_status smla_convert_indices(smla_context *ctx, const smla_convert_params *p, void *stream);
+
+/* ---------------------------------------------------------------------------------------
+ * 2. Cache write (concat and cache): row slot[t] of the cache := (kv_c[t], k_pe[t]) in the
+ * cache's format. slot < 0 is padding (skipped); slot >= S is skipped and counted in
+ * bad_inputs. FP8_DS: each group of 128 gets scale 2^ceil(log2(max(amax/448, 1e-4))),
+ * values rounded to nearest-even and saturated at +-448 (NaN stays NaN and is left out of
+ * amax; +-Inf saturates). FP8_TENSOR: values / cache.scale, rounded and saturated alike.
+ * Duplicate slots in one call: one of the writers wins, which one is unspecified.
+ * ------------------------------------------------------------------------------------- */
+typedef struct smla_cache_write_params {
+  int64_t num_tokens;            /* T >= 0 */
+  const void *kv_c;              /* [T][Dc] bf16, row stride kv_c_stride */
+  int64_t kv_c_stride;
+  const void *k_pe;              /* [T][Dr] bf16, row stride k_pe_stride; NULL iff Dr == 0 */
+  int64_t k_pe_stride;
+  const int64_t *slot;           /* [T] destination slot per row */
+  smla_cache cache;              /* written */
+  uint64_t *bad_inputs;          /* [1] += rows with slot >= S; may be NULL */
+} smla_cache_write_params;
+
+smla_status smla_cache_write(smla_context *ctx, const smla_cache_write_params *p, void *stream);
+
+/* ---------------------------------------------------------------------------------------
+ * 6. Plan: pick kernels and size the workspace from shapes alone (no device data, no sync).
+ * A plan serves every forward whose T <= max_tokens and whose N, K, Dr, format match.
+ * ------------------------------------------------------------------------------------- */
+typedef struct smla_plan smla_plan;
+
+#define SMLA_PLAN_BATCH_INVARIANT 1u /* a row's result does not depend on T or other rows */
+
+typedef struct smla_plan_desc {
+  int64_t max_tokens;            /* largest T the plan serves, >= 1 */
+  int num_heads;                 /* N, 1..128 */
+  int topk;                      /* K >= 1 */
+  int dr;                        /* 64 or 0 */
+  smla_cache_format format;
+  uint32_t flags;                /* SMLA_PLAN_* */
+  int num_splits;                /* KV splits per row: 0 = the plan chooses; > 0 forces it */
+} smla_plan_desc;
+
+/* Workspace bytes a plan of `desc` needs on ctx's device (may be 0). */
+smla_status smla_plan_workspace_size(smla_context *ctx, const smla_plan_desc *desc,
+                                     size_t *bytes);
+/* Creates a plan. workspace == NULL: the plan allocates (and later frees) its own.
+ * Else workspace must hold workspace_bytes >= smla_plan_workspace_size() bytes of device
+ * memory (host memory for a CPU context), 256-byte aligned, owned by the caller and not
+ * used by anything else while the plan lives. Plan creation may allocate and query the
+ * device, so it is not allowed during CUDA graph capture: while a stream of this thread
+ * (or, in global capture mode, of the process) is being captured it returns
+ * SMLA_ERR_CAPTURING. Make plans before capture; forward is what gets captured. */
+smla_status smla_plan_create(smla_context *ctx, const smla_plan_desc *desc, void *workspace,
+                             size_t workspace_bytes, smla_plan **plan);
+/* Frees the plan (and its own workspace); NULL is a no-op. */
+void smla_plan_destroy(smla_plan *plan);
+/* Which path the plan chose and why, e.g.
+ * "cuda-generic: 16 heads per block, splits 32 (T*groups = 1 blocks < 2 waves of 132 SMs)".
+ * The string lives as long as the plan. */
+const char *smla_plan_describe(const smla_plan *plan);
+
+/* ---------------------------------------------------------------------------------------
+ * 3. Forward: sparse MLA attention. For every row t and head h, over the used entries i of
+ * row t (0 <= slots[t][i] < S and i < lengths[t]):
+ *   l_i = sm_scale * (q_nope[t][h] . ckv_i + q_pe[t][h] . kpe_i)   (then c*tanh(l_i/c) if
+ *   softcap c > 0); m = max l_i; Z = sum exp(l_i - m);
+ *   out[t][h] = sum exp(l_i - m) ckv_i / (Z + exp(sink[h] - m))     (sink term only if given)
+ *   lse[t][h] = m + log Z (natural log, sink excluded); max_logit[t][h] = m.
+ * A row with no used entry: out = 0, lse = max_logit = -inf. Duplicates count each time.
+ * Entries >= S or < -1 inside lengths[t] are masked and counted in bad_inputs; entries
+ * past lengths[t] are not read. NaN/Inf in q or in a used cache row propagate to that
+ * row's out (never out-of-bounds).
+ * ------------------------------------------------------------------------------------- */
+typedef struct smla_forward_params {
+  int64_t num_tokens;            /* T >= 0 (T == 0: nothing to do) */
+  int num_heads;                 /* N, must equal the plan's */
+  int topk;                      /* K, must equal the plan's */
+  const void *q_nope;            /* [T][N][Dc] bf16, strides q_nope_stride_t, _h */
+  int64_t q_nope_stride_t, q_nope_stride_h;
+  const void *q_pe;              /* [T][N][Dr] bf16; ignored (may be NULL) when Dr == 0.
+                                    May point into q_nope's buffer ([T][N][576] q). */
+  int64_t q_pe_stride_t, q_pe_stride_h;
+  smla_cache cache;              /* read only */
+  const int32_t *slots;          /* [T][K] cache slots, row stride slots_stride */
+  int64_t slots_stride;
+  const int32_t *lengths;        /* [T] used prefix of each row, clamped to [0, K];
+                                    may be NULL (all K) */
+  float sm_scale;                /* usually 1/sqrt(Dqk) */
+  float softcap;                 /* > 0: logit = c * tanh(logit / c); 0: off */
+  const float *sink;             /* [N] per-head logit in the denominator only; may be NULL */
+  void *out;                     /* [T][N][Dv] bf16 out, strides out_stride_t, _h */
+  int64_t out_stride_t, out_stride_h;
+  float *lse;                    /* [T][N] out, row stride lse_stride_t; may be NULL */
+  int64_t lse_stride_t;
+  float *max_logit;              /* [T][N] out, row stride max_logit_stride_t; may be NULL */
+  int64_t max_logit_stride_t;
+  uint64_t *bad_inputs;          /* [1] += entries >= S or < -1; may be NULL */
+} smla_forward_params;
+
+smla_status smla_forward(smla_plan *plan, const smla_forward_params *p, void *stream);
+
+/* ---------------------------------------------------------------------------------------
+ * 4. Merge partial states (split-KV combine; decode context parallelism across GPUs).
+ *   out[t][h] = sum_p w_p out_p[p][t][h],  w_p = exp(lse_p - lse),  lse = log sum exp lse_p
+ * A partial with lse_p = -inf contributes nothing; all -inf: out = 0, lse = -inf.
+ * ------------------------------------------------------------------------------------- */
+typedef struct smla_merge_params {
+  int num_partials;              /* P >= 1 */
+  int64_t num_tokens;            /* T >= 0 */
+  int num_heads;                 /* N >= 1 */
+  int dv;                        /* value width, 1..512 (SMLA_DC for attention) */
+  const void *out_p;             /* [P][T][N][dv] of out_p_dtype */
+  smla_dtype out_p_dtype;
+  int64_t out_p_stride_p, out_p_stride_t, out_p_stride_h;
+  const float *lse_p;            /* [P][T][N] */
+  int64_t lse_p_stride_p, lse_p_stride_t;
+  void *out;                     /* [T][N][dv] of out_dtype */
+  smla_dtype out_dtype;
+  int64_t out_stride_t, out_stride_h;
+  float *lse;                    /* [T][N], row stride lse_stride_t; may be NULL */
+  int64_t lse_stride_t;
+} smla_merge_params;
+
+smla_status smla_merge_states(smla_context *ctx, const smla_merge_params *p, void *stream);
+
+/* ---------------------------------------------------------------------------------------
+ * 5. Metadata (host only, no device work; ctx may be NULL). From the engine's request view
+ * builds per row t < T: req_id[t], ctx_len[t] = seq_len - q_len + j + 1 for the j-th query
+ * token of its request, and limit[t] = min(ctx_len[t], K). Rows past the last real token
+ * are padding: req_id 0, ctx_len 0, limit 0. Requests with q_len 0 (padding requests,
+ * whose start repeats the previous one) are skipped, whatever their seq_len.
+ * Errors (SMLA_ERR_MALFORMED): query_start_loc[0] != 0, decreasing starts, last start > T,
+ * seq_len < q_len for a request with q_len > 0.
+ * ------------------------------------------------------------------------------------- */
+typedef struct smla_metadata_params {
+  int64_t num_tokens;            /* T (padded) >= 0 */
+  int num_requests;              /* R >= 0 (may include padding requests) */
+  int topk;                      /* K >= 1 */
+  const int32_t *query_start_loc;/* [R+1] host */
+  const int32_t *seq_lens;       /* [R] host; may be NULL when R == 0 */
+  int32_t *req_id;               /* [T] host out */
+  int32_t *ctx_len;              /* [T] host out; may be NULL */
+  int32_t *limit;                /* [T] host out; may be NULL */
+} smla_metadata_params;
+
+smla_status smla_build_metadata(smla_context *ctx, const smla_metadata_params *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SMLA_H */

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One-time set-up of a fresh Debian machine for smla: a C compiler and make (Debian),
+# numpy and pytest for the Python tests (PyPI). Idempotent: installs only what is missing.
+# CUDA is optional and never installed here: with nvcc on PATH or in /usr/local/cuda the
+# build adds the GPU backend by itself.
+set -euo pipefail
+
+need_apt=()
+command -v make >/dev/null 2>&1 || need_apt+=(make)
+command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  echo "setup: installing ${need_apt[*]} from Debian"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+
+if ! python3 -c 'import numpy, pytest' >/dev/null 2>&1; then
+  echo "setup: installing numpy and pytest from PyPI"
+  python3 -m pip install -q numpy pytest 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages numpy pytest
+fi
+echo "setup: ok ($(cc --version 2>/dev/null | head -1); nvcc: $(command -v nvcc || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; } || echo none))"

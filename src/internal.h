@@ -1,0 +1,84 @@
+/*
+ * internal.h: what the API layer (src/api.c) and the backends (src/cpu, src/cuda) share.
+ *
+ * Layering: api.c validates every argument (shapes, strides, alignment, pointers) before it
+ * calls a backend, so a backend may assume valid params and only has to be right about
+ * device data (hostile slots, indices, NaN). Backends never include api.c's helpers other
+ * than smla_set_error().
+ */
+#ifndef SMLA_INTERNAL_H
+#define SMLA_INTERNAL_H
+
+#include "smla.h"
+
+#include <stdarg.h>
+
+#define SMLA_MSG_BYTES 512
+#define SMLA_DESCRIBE_BYTES 256
+
+/* e4m3 (E4M3FN) largest finite value: the saturation bound of every fp8 writer. */
+#define SMLA_E4M3_MAX 448.0f
+/* FP8_DS: Dc is quantized in 4 groups of 128 values, one float scale each. */
+#define SMLA_DS_GROUP 128
+#define SMLA_DS_GROUPS (SMLA_DC / SMLA_DS_GROUP)
+/* FP8_DS scale floor from the SPEC's rule 2^ceil(log2(max(amax/448, 1e-4))). */
+#define SMLA_DS_MIN_SCALE_ARG 1e-4f
+
+typedef struct smla_backend smla_backend;
+
+struct smla_context {
+  int device;                     /* SMLA_DEVICE_CPU or CUDA ordinal */
+  int num_threads;                /* CPU: workers per call (resolved, >= 1) */
+  const smla_backend *backend;
+  void *backend_state;            /* backend-owned (CUDA: cached device properties) */
+  char message[SMLA_MSG_BYTES];
+};
+
+struct smla_plan {
+  smla_context *ctx;
+  smla_plan_desc desc;
+  void *workspace;
+  size_t workspace_bytes;
+  int owns_workspace;             /* 1: allocated by the plan, freed on destroy */
+  char describe[SMLA_DESCRIBE_BYTES];
+  /* Backend choices, filled by backend->plan_init from shapes alone. */
+  int num_splits;                 /* KV splits per row (>= 1) */
+  int heads_per_block;            /* CUDA: heads per block; CPU: heads per work item */
+  int kernel;                     /* backend-specific kernel id */
+  int num_threads;                /* CPU: workers (fixed at plan creation) */
+};
+
+/* One const table per backend (ggml style). Params are validated before these run. */
+struct smla_backend {
+  const char *name;
+  smla_status (*init)(smla_context *ctx);            /* may be NULL */
+  void (*fini)(smla_context *ctx);                   /* may be NULL */
+  smla_status (*convert)(smla_context *ctx, const smla_convert_params *p, void *stream);
+  smla_status (*cache_write)(smla_context *ctx, const smla_cache_write_params *p,
+                             void *stream);
+  smla_status (*merge)(smla_context *ctx, const smla_merge_params *p, void *stream);
+  /* Fills plan->num_splits, heads_per_block, kernel, describe; sets *workspace_bytes.
+   * Called with plan->workspace == NULL first (sizing only). */
+  smla_status (*plan_init)(smla_plan *plan, size_t *workspace_bytes);
+  smla_status (*forward)(smla_plan *plan, const smla_forward_params *p, void *stream);
+  smla_status (*alloc)(smla_context *ctx, size_t bytes, void **ptr);
+  void (*free)(smla_context *ctx, void *ptr);
+  /* SMLA_OK, or SMLA_ERR_CAPTURING when the calling thread is capturing. May be NULL. */
+  smla_status (*check_not_capturing)(smla_context *ctx);
+};
+
+extern const smla_backend smla_cpu_backend;
+#ifdef SMLA_HAVE_CUDA
+extern const smla_backend smla_cuda_backend;
+int smla_cuda_count(void);
+smla_status smla_cuda_name(int device, char *buf, size_t buf_bytes);
+#endif
+
+/* Records a message on ctx (may be NULL) and returns status. printf-style. */
+smla_status smla_set_error(smla_context *ctx, smla_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+#endif /* SMLA_INTERNAL_H */
