@@ -275,7 +275,8 @@ smla_status smla_forward(smla_plan *plan, const smla_forward_params *p, void *st
 /* ---------------------------------------------------------------------------------------
  * 4. Merge partial states (split-KV combine; decode context parallelism across GPUs).
  *   out[t][h] = sum_p w_p out_p[p][t][h],  w_p = exp(lse_p - lse),  lse = log sum exp lse_p
- * A partial with lse_p = -inf contributes nothing; all -inf: out = 0, lse = -inf.
+ * A partial with lse_p = -inf contributes nothing (its out_p is not read); all -inf:
+ * out = 0, lse = -inf. A NaN or +inf lse_p makes that (t, h) NaN in out and lse.
  * ------------------------------------------------------------------------------------- */
 typedef struct smla_merge_params {
   int num_partials;              /* P >= 1 */

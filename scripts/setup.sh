@@ -9,6 +9,12 @@ need_apt=()
 command -v make >/dev/null 2>&1 || need_apt+=(make)
 command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
+# clang + its runtime: the libFuzzer target and the sanitizer build (make fuzz, make sanitize).
+if [ "${SMLA_SETUP_FUZZ:-1}" = 1 ]; then
+  command -v clang >/dev/null 2>&1 || need_apt+=(clang)
+  ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 ||
+    need_apt+=(libclang-rt-dev)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
   echo "setup: installing ${need_apt[*]} from Debian"

@@ -148,10 +148,16 @@ static smla_status need_ptr(smla_context *ctx, const char *fn, const char *name,
   return SMLA_OK;
 }
 
+/* No tensor is 2^40 elements apart: a larger stride is garbage (and would overflow). */
+#define STRIDE_MAX (1LL << 40)
+
 /* A stride of a dimension of `count` elements must reach past the `inner` elements inside. */
 static smla_status need_stride(smla_context *ctx, const char *fn, const char *name,
                                int64_t stride, int64_t count, int64_t inner, int64_t multiple) {
   if (count <= 1) return SMLA_OK;
+  if (stride > STRIDE_MAX)
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: %s = %lld is beyond 2^40 elements", fn, name,
+         (long long)stride);
   if (stride < inner)
     FAIL(SMLA_ERR_INVALID_ARGUMENT,
          "%s: %s = %lld is smaller than the %lld elements it must step over (rows would overlap)",
@@ -160,6 +166,11 @@ static smla_status need_stride(smla_context *ctx, const char *fn, const char *na
     FAIL(SMLA_ERR_MISALIGNED, "%s: %s = %lld is not a multiple of %lld elements (16 bytes)", fn,
          name, (long long)stride, (long long)multiple);
   return SMLA_OK;
+}
+
+/* Elements spanned by `count` rows of `inner` elements, `stride` apart. */
+static int64_t span(int64_t count, int64_t stride, int64_t inner) {
+  return count <= 1 ? inner : (count - 1) * stride + inner;
 }
 
 #define CHECK(expr)                                                                          \
@@ -294,14 +305,14 @@ static smla_status check_merge(smla_context *ctx, const smla_merge_params *p) {
   if (p->lse) CHECK(need_ptr(ctx, fn, "lse", p->lse, 4));
   const int64_t T = p->num_tokens, N = p->num_heads;
   CHECK(need_stride(ctx, fn, "out_p_stride_h", p->out_p_stride_h, N, p->dv, 1));
-  CHECK(need_stride(ctx, fn, "out_p_stride_t", p->out_p_stride_t, T, N * p->out_p_stride_h, 1));
+  CHECK(need_stride(ctx, fn, "out_p_stride_t", p->out_p_stride_t, T, span(N, p->out_p_stride_h, p->dv), 1));
   CHECK(need_stride(ctx, fn, "out_p_stride_p", p->out_p_stride_p, p->num_partials,
-                    T * p->out_p_stride_t, 1));
+                    span(T, p->out_p_stride_t, span(N, p->out_p_stride_h, p->dv)), 1));
   CHECK(need_stride(ctx, fn, "lse_p_stride_t", p->lse_p_stride_t, T, N, 1));
   CHECK(need_stride(ctx, fn, "lse_p_stride_p", p->lse_p_stride_p, p->num_partials,
-                    T * p->lse_p_stride_t, 1));
+                    span(T, p->lse_p_stride_t, N), 1));
   CHECK(need_stride(ctx, fn, "out_stride_h", p->out_stride_h, N, p->dv, 1));
-  CHECK(need_stride(ctx, fn, "out_stride_t", p->out_stride_t, T, N * p->out_stride_h, 1));
+  CHECK(need_stride(ctx, fn, "out_stride_t", p->out_stride_t, T, span(N, p->out_stride_h, p->dv), 1));
   if (p->lse) CHECK(need_stride(ctx, fn, "lse_stride_t", p->lse_stride_t, T, N, 1));
   return SMLA_OK;
 }
@@ -448,13 +459,13 @@ static smla_status check_forward(smla_plan *plan, const smla_forward_params *p) 
   const int64_t T = p->num_tokens, N = p->num_heads, K = p->topk, dr = p->cache.dr;
   CHECK(need_ptr(ctx, fn, "q_nope", p->q_nope, BF16_ALIGN));
   CHECK(need_stride(ctx, fn, "q_nope_stride_h", p->q_nope_stride_h, N, SMLA_DC, BF16_MULT));
-  CHECK(need_stride(ctx, fn, "q_nope_stride_t", p->q_nope_stride_t, T, N * p->q_nope_stride_h,
-                    BF16_MULT));
+  CHECK(need_stride(ctx, fn, "q_nope_stride_t", p->q_nope_stride_t, T,
+                    span(N, p->q_nope_stride_h, SMLA_DC), BF16_MULT));
   if (dr > 0) {
     CHECK(need_ptr(ctx, fn, "q_pe", p->q_pe, BF16_ALIGN));
     CHECK(need_stride(ctx, fn, "q_pe_stride_h", p->q_pe_stride_h, N, dr, BF16_MULT));
-    CHECK(need_stride(ctx, fn, "q_pe_stride_t", p->q_pe_stride_t, T, N * p->q_pe_stride_h,
-                      BF16_MULT));
+    CHECK(need_stride(ctx, fn, "q_pe_stride_t", p->q_pe_stride_t, T,
+                      span(N, p->q_pe_stride_h, dr), BF16_MULT));
   }
   CHECK(need_ptr(ctx, fn, "slots", p->slots, 4));
   CHECK(need_stride(ctx, fn, "slots_stride", p->slots_stride, T, K, 1));
@@ -462,8 +473,8 @@ static smla_status check_forward(smla_plan *plan, const smla_forward_params *p) 
   if (p->sink) CHECK(need_ptr(ctx, fn, "sink", p->sink, 4));
   CHECK(need_ptr(ctx, fn, "out", p->out, BF16_ALIGN));
   CHECK(need_stride(ctx, fn, "out_stride_h", p->out_stride_h, N, SMLA_DC, BF16_MULT));
-  CHECK(need_stride(ctx, fn, "out_stride_t", p->out_stride_t, T, N * p->out_stride_h,
-                    BF16_MULT));
+  CHECK(need_stride(ctx, fn, "out_stride_t", p->out_stride_t, T,
+                    span(N, p->out_stride_h, SMLA_DC), BF16_MULT));
   if (p->lse) {
     CHECK(need_ptr(ctx, fn, "lse", p->lse, 4));
     CHECK(need_stride(ctx, fn, "lse_stride_t", p->lse_stride_t, T, N, 1));
