@@ -44,6 +44,14 @@ endif
 
 OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 
+# Switching CUDA on or off in one build folder rebuilds everything (the stamp is newer).
+CONFIG_STAMP := $(BUILD)/config.$(if $(NVCC),cuda,cpu)
+$(CONFIG_STAMP):
+	@mkdir -p $(BUILD)
+	@rm -f $(BUILD)/config.*
+	@touch $@
+$(OBJ): $(CONFIG_STAMP)
+
 STATIC := $(BUILD)/libsmla.a
 SHARED := $(BUILD)/libsmla.so.$(VERSION)
 SONAME := libsmla.so.$(VERSION_MAJOR)

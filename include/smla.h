@@ -220,9 +220,11 @@ smla_status smla_plan_workspace_size(smla_context *ctx, const smla_plan_desc *de
  * Else workspace must hold workspace_bytes >= smla_plan_workspace_size() bytes of device
  * memory (host memory for a CPU context), 256-byte aligned, owned by the caller and not
  * used by anything else while the plan lives. Plan creation may allocate and query the
- * device, so it is not allowed during CUDA graph capture: while a stream of this thread
- * (or, in global capture mode, of the process) is being captured it returns
- * SMLA_ERR_CAPTURING. Make plans before capture; forward is what gets captured. */
+ * device, so it is not allowed during CUDA graph capture. It returns SMLA_ERR_CAPTURING when
+ * it sees a capture: one on a blocking stream (found by probing the legacy stream), or one
+ * in global mode that makes its allocation fail. A capture on a non-blocking stream with a
+ * caller-supplied workspace is not detected (then nothing is allocated or launched, so no
+ * harm is done). Make plans before capture; forward is what gets captured. */
 smla_status smla_plan_create(smla_context *ctx, const smla_plan_desc *desc, void *workspace,
                              size_t workspace_bytes, smla_plan **plan);
 /* Frees the plan (and its own workspace); NULL is a no-op. */

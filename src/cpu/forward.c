@@ -142,7 +142,7 @@ static void fold_chunk(const smla_forward_params *p, scratch *w, int nh, int n, 
       float l = p->sm_scale * w->s[j];
       if (c > 0.0f) l = c * tanhf(l / c);
       w->s[j] = l;
-      mx = fmaxf(mx, l); /* fmaxf skips NaN: a NaN score poisons through exp below */
+      mx = (l != l || mx != mx) ? NAN : fmaxf(mx, l); /* a NaN logit makes m NaN */
     }
     const float a = mx == w->m[h] ? 1.0f : expf(w->m[h] - mx);
     float zsum = 0.0f;

@@ -1,0 +1,555 @@
+/*
+ * backend.c: the generic CUDA backend's table (host glue, C11 over the CUDA runtime).
+ *
+ * Every call makes ctx->device current for its duration and restores the caller's
+ * device afterwards (cudaGetDevice / cudaSetDevice are host-side and legal during graph
+ * capture), launches on the caller's stream, and maps a failed launch to SMLA_ERR_CUDA
+ * with the runtime's error string. The forward path does no allocation, no
+ * synchronization and no device-to-host read, so it can be captured; plan creation
+ * (which may cudaMalloc and sets kernel attributes) refuses to run during capture.
+ *
+ * Split-KV choice (plan_init / forward, host only, from shapes alone): a small cost model
+ * of one forward as waves of blocks times the per-block time, plus the combine; the
+ * constants were set from napkin math (see forward_impl.cuh) and H200 measurements.
+ */
+#include "internal.h"
+#include "cuda/kernels.h"
+
+#include <cuda_runtime_api.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Device properties cached at context creation (ctx->backend_state). */
+typedef struct cuda_state {
+  int sm_count;
+  int smem_optin;  /* bytes of shared memory one block may opt in to */
+  int cc_major, cc_minor;
+  char name[256];
+} cuda_state;
+
+/* ---- errors and the current device ------------------------------------------------- */
+
+static smla_status cuda_fail(smla_context *ctx, cudaError_t e, const char *what) {
+  (void)cudaGetLastError(); /* clear a non-sticky error so later launch checks are clean */
+  return smla_set_error(ctx, SMLA_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorString(e),
+                        cudaGetErrorName(e));
+}
+
+static int is_capture_error(cudaError_t e) {
+  return e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureImplicit ||
+         e == cudaErrorStreamCaptureInvalidated || e == cudaErrorStreamCaptureWrongThread;
+}
+
+/* Makes ctx->device current; *prev receives the caller's device for device_leave(). */
+static smla_status device_enter(smla_context *ctx, const char *fn, int *prev) {
+  int cur = -1;
+  cudaError_t e = cudaGetDevice(&cur);
+  if (e != cudaSuccess) return cuda_fail(ctx, e, fn);
+  *prev = cur;
+  if (cur != ctx->device) {
+    e = cudaSetDevice(ctx->device);
+    if (e != cudaSuccess) return cuda_fail(ctx, e, fn);
+  }
+  return SMLA_OK;
+}
+
+static void device_leave(smla_context *ctx, int prev) {
+  if (prev >= 0 && prev != ctx->device) (void)cudaSetDevice(prev);
+}
+
+static smla_status launched(smla_context *ctx, int prev, cudaError_t e, const char *what) {
+  device_leave(ctx, prev);
+  return e == cudaSuccess ? SMLA_OK : cuda_fail(ctx, e, what);
+}
+
+/* ---- devices --------------------------------------------------------------------------- */
+
+int smla_cuda_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+smla_status smla_cuda_name(int device, char *buf, size_t buf_bytes) {
+  if (device < 0 || device >= smla_cuda_count()) {
+    snprintf(buf, buf_bytes, "no CUDA device %d", device);
+    return SMLA_ERR_NO_DEVICE;
+  }
+  struct cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    snprintf(buf, buf_bytes, "CUDA device %d (properties unavailable)", device);
+    return SMLA_ERR_CUDA;
+  }
+  snprintf(buf, buf_bytes, "%s, sm_%d%d, %d SMs", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount);
+  return SMLA_OK;
+}
+
+static smla_status cuda_init(smla_context *ctx) {
+  const int n = smla_cuda_count();
+  if (ctx->device >= n)
+    return smla_set_error(ctx, SMLA_ERR_NO_DEVICE, "smla_context_create: device %d, but %d "
+                          "CUDA device(s) are visible", ctx->device, n);
+  struct cudaDeviceProp prop;
+  const cudaError_t e = cudaGetDeviceProperties(&prop, ctx->device);
+  if (e != cudaSuccess) return cuda_fail(ctx, e, "smla_context_create: cudaGetDeviceProperties");
+  if (prop.major < 8)
+    return smla_set_error(ctx, SMLA_ERR_UNSUPPORTED, "smla_context_create: device %d (%s) is "
+                          "sm_%d%d; the CUDA kernels need sm_80 or newer", ctx->device,
+                          prop.name, prop.major, prop.minor);
+  cuda_state *st = calloc(1, sizeof *st);
+  if (!st)
+    return smla_set_error(ctx, SMLA_ERR_OUT_OF_MEMORY, "smla_context_create: out of host memory");
+  st->sm_count = prop.multiProcessorCount;
+  st->smem_optin = (int)prop.sharedMemPerBlockOptin;
+  st->cc_major = prop.major;
+  st->cc_minor = prop.minor;
+  snprintf(st->name, sizeof st->name, "%s", prop.name);
+  ctx->backend_state = st;
+  return SMLA_OK;
+}
+
+static void cuda_fini(smla_context *ctx) {
+  free(ctx->backend_state);
+  ctx->backend_state = NULL;
+}
+
+/* ---- memory and capture ------------------------------------------------------------- */
+
+static smla_status cuda_check_not_capturing(smla_context *ctx) {
+  int prev;
+  smla_status s = device_enter(ctx, "smla_plan_create", &prev);
+  if (s != SMLA_OK) return s;
+  /* Asking about the legacy stream answers cudaErrorStreamCaptureImplicit while any
+   * blocking stream of the device is captured (the capture is not invalidated); the
+   * per-thread stream is asked too. A capture on a non-blocking stream in global mode is
+   * caught later: cudaMalloc then fails with cudaErrorStreamCaptureUnsupported. */
+  const cudaStream_t streams[2] = {cudaStreamLegacy, cudaStreamPerThread};
+  for (int i = 0; i < 2; i++) {
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(streams[i], &status);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    if (is_capture_error(e) || (e == cudaSuccess && status != cudaStreamCaptureStatusNone)) {
+      device_leave(ctx, prev);
+      return smla_set_error(ctx, SMLA_ERR_CAPTURING, "smla_plan_create: a CUDA graph capture "
+                            "is active on device %d; create plans before capturing",
+                            ctx->device);
+    }
+    if (e != cudaSuccess) {
+      device_leave(ctx, prev);
+      return cuda_fail(ctx, e, "smla_plan_create: cudaStreamIsCapturing");
+    }
+  }
+  device_leave(ctx, prev);
+  return SMLA_OK;
+}
+
+static smla_status cuda_alloc(smla_context *ctx, size_t bytes, void **ptr) {
+  int prev;
+  *ptr = NULL;
+  smla_status s = device_enter(ctx, "smla_plan_create", &prev);
+  if (s != SMLA_OK) return s;
+  const cudaError_t e = cudaMalloc(ptr, bytes);
+  device_leave(ctx, prev);
+  if (e == cudaSuccess) return SMLA_OK;
+  *ptr = NULL;
+  (void)cudaGetLastError();
+  if (e == cudaErrorMemoryAllocation)
+    return smla_set_error(ctx, SMLA_ERR_OUT_OF_MEMORY, "smla_plan_create: cudaMalloc of %zu "
+                          "bytes on device %d failed: %s", bytes, ctx->device,
+                          cudaGetErrorString(e));
+  if (is_capture_error(e))
+    return smla_set_error(ctx, SMLA_ERR_CAPTURING, "smla_plan_create: cudaMalloc during CUDA "
+                          "graph capture (%s); create plans before capturing",
+                          cudaGetErrorString(e));
+  return cuda_fail(ctx, e, "smla_plan_create: cudaMalloc");
+}
+
+static void cuda_free(smla_context *ctx, void *ptr) {
+  if (!ptr) return;
+  int prev;
+  if (device_enter(ctx, "smla_plan_destroy", &prev) != SMLA_OK) return;
+  if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
+  device_leave(ctx, prev);
+}
+
+/* ---- convert, cache write, merge ------------------------------------------------------ */
+
+static smla_status cuda_convert(smla_context *ctx, const smla_convert_params *p, void *stream) {
+  int prev;
+  smla_status s = device_enter(ctx, "smla_convert_indices", &prev);
+  if (s != SMLA_OK) return s;
+  smla_cuda_convert_args a;
+  memset(&a, 0, sizeof a);
+  a.num_tokens = p->num_tokens;
+  a.topk = p->topk;
+  a.req_id = p->req_id;
+  a.block_table = p->block_table;
+  a.num_requests = p->num_requests;
+  a.blocks_per_request = p->blocks_per_request;
+  a.block_table_stride = p->block_table_stride;
+  a.block_size = p->block_size;
+  a.local = p->local;
+  a.local_stride = p->local_stride;
+  a.slots = p->slots;
+  a.slots_stride = p->slots_stride;
+  a.valid = p->valid;
+  a.compact = p->compact;
+  return launched(ctx, prev, smla_cuda_convert(&a, stream), "smla_convert_indices: kernel");
+}
+
+static smla_status cuda_cache_write(smla_context *ctx, const smla_cache_write_params *p,
+                                    void *stream) {
+  int prev;
+  smla_status s = device_enter(ctx, "smla_cache_write", &prev);
+  if (s != SMLA_OK) return s;
+  smla_cuda_cache_write_args a;
+  memset(&a, 0, sizeof a);
+  a.num_tokens = p->num_tokens;
+  a.kv_c = (const uint16_t *)p->kv_c;
+  a.kv_c_stride = p->kv_c_stride;
+  a.k_pe = p->cache.dr > 0 ? (const uint16_t *)p->k_pe : NULL;
+  a.k_pe_stride = p->k_pe_stride;
+  a.slot = p->slot;
+  a.format = (int)p->cache.format;
+  a.dr = p->cache.dr;
+  a.num_slots = p->cache.num_slots;
+  a.row_bytes = p->cache.row_bytes;
+  a.cache = (uint8_t *)p->cache.data;
+  a.scale = p->cache.scale;
+  a.bad_inputs = (unsigned long long *)p->bad_inputs;
+  return launched(ctx, prev, smla_cuda_cache_write(&a, stream), "smla_cache_write: kernel");
+}
+
+static smla_status cuda_merge(smla_context *ctx, const smla_merge_params *p, void *stream) {
+  int prev;
+  smla_status s = device_enter(ctx, "smla_merge_states", &prev);
+  if (s != SMLA_OK) return s;
+  smla_cuda_merge_args a;
+  memset(&a, 0, sizeof a);
+  a.num_partials = p->num_partials;
+  a.num_tokens = p->num_tokens;
+  a.num_heads = p->num_heads;
+  a.dv = p->dv;
+  a.out_p = p->out_p;
+  a.out_p_bf16 = p->out_p_dtype == SMLA_DTYPE_BF16;
+  a.out_p_stride_p = p->out_p_stride_p;
+  a.out_p_stride_t = p->out_p_stride_t;
+  a.out_p_stride_h = p->out_p_stride_h;
+  a.lse_p = p->lse_p;
+  a.lse_p_stride_p = p->lse_p_stride_p;
+  a.lse_p_stride_t = p->lse_p_stride_t;
+  a.out = p->out;
+  a.out_bf16 = p->out_dtype == SMLA_DTYPE_BF16;
+  a.out_stride_t = p->out_stride_t;
+  a.out_stride_h = p->out_stride_h;
+  a.lse = p->lse;
+  a.lse_stride_t = p->lse_stride_t;
+  return launched(ctx, prev, smla_cuda_merge(&a, stream), "smla_merge_states: kernel");
+}
+
+/* ---- plan: variant, splits, workspace -------------------------------------------------- */
+
+/* Cost model (microseconds), per 64-entry tile of one block, fitted to H200 timings of
+ * this kernel (K = 2048, random slots over 262144 rows, graph replay; 2026-12-02):
+ * 64 heads/block: 4.7 us per tile, compute-bound (T=1024 N=128: 2.42 ms); 16 heads/block:
+ * 2.8 us per tile whether 1 or 132 blocks run, i.e. one gather round trip per tile
+ * (T=1 N=16 unsplit: 94 us for 32 tiles; T=1024 N=16: 725 us = 3.3 TB/s of rows). */
+static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 2.4, 0.0, 4.7}; /* by mtiles */
+#define TILE_LATENCY_US 2.8        /* one gather round trip (one tile in flight per SM) */
+#define GATHER_BYTES_PER_US 3.4e6  /* ~3.4 TB/s for 0.5-1 KB random rows, all SMs busy */
+#define BLOCK_FIXED_US 2.0         /* Q load, first tile's latency, epilogue */
+#define COMBINE_FIXED_US 2.5       /* the combine kernel's launch and one L2 round trip */
+#define COMBINE_BYTES_PER_US 8.0e6 /* partials written once, read once, mostly in L2 */
+#define MAX_AUTO_SPLITS 64         /* beyond this the combine dominates */
+#define NO_SPLIT_WAVES 4           /* T * groups >= 4 waves of SMs: never split */
+
+typedef struct fwd_choice {
+  smla_cuda_fwd_config cfg;
+  int groups;         /* head groups of 16 * mtiles heads */
+  int ntiles;         /* ceil(K / 64) */
+  int gather_bytes;   /* bytes gathered per cache row */
+} fwd_choice;
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Splits and entries per split for T rows, by the cost model. */
+static int auto_splits(const fwd_choice *c, const cuda_state *st, int num_heads, int topk,
+                       int64_t T, int *split_len) {
+  *split_len = topk;
+  if (T * c->groups >= (int64_t)NO_SPLIT_WAVES * st->sm_count) return 1;
+  const double tile_bytes = (double)SMLA_CUDA_FWD_BN * c->gather_bytes;
+  double best = 1e300;
+  int best_s = 1, best_len = topk;
+  const int max_s = c->ntiles < MAX_AUTO_SPLITS ? c->ntiles : MAX_AUTO_SPLITS;
+  for (int s = 1; s <= max_s; s++) {
+    const int64_t tps = ceil_div(c->ntiles, s);
+    const int64_t s_eff = ceil_div(c->ntiles, tps);
+    if (s_eff != s) continue; /* same tiles per split as a smaller s */
+    const int64_t blocks = T * c->groups * s;
+    const int64_t active = blocks < st->sm_count ? blocks : st->sm_count;
+    const int64_t waves = ceil_div(blocks, st->sm_count);
+    double tile = TILE_COMPUTE_US[c->cfg.mtiles];
+    if (tile < TILE_LATENCY_US) tile = TILE_LATENCY_US;
+    const double mem = tile_bytes * (double)active / GATHER_BYTES_PER_US;
+    if (tile < mem) tile = mem;
+    double cost = (double)waves * ((double)tps * tile + BLOCK_FIXED_US);
+    if (s > 1)
+      cost += COMBINE_FIXED_US +
+              (double)T * num_heads * s * SMLA_DC * 4.0 * 2.0 / COMBINE_BYTES_PER_US;
+    if (cost < best * 0.999) { /* ties go to fewer splits */
+      best = cost;
+      best_s = s;
+      best_len = (int)(tps * SMLA_CUDA_FWD_BN);
+    }
+  }
+  *split_len = best_s == 1 ? topk : best_len;
+  return best_s;
+}
+
+/* Rows of T for which the batch-invariant plan fixes its splits: one wave of blocks. */
+static int64_t invariant_rows(const fwd_choice *c, const cuda_state *st, int64_t max_tokens) {
+  int64_t t = ceil_div(st->sm_count, c->groups);
+  if (t > max_tokens) t = max_tokens;
+  return t < 1 ? 1 : t;
+}
+
+static void forced_splits(int want, int topk, int *splits, int *split_len) {
+  int s = want < topk ? want : topk;
+  const int len = (int)ceil_div(topk, s);
+  *splits = (int)ceil_div(topk, len); /* no empty split */
+  *split_len = len;
+}
+
+static void plan_choice(const smla_plan *plan, fwd_choice *c) {
+  memset(c, 0, sizeof *c);
+  c->cfg.format = (int)plan->desc.format;
+  c->cfg.dr = plan->desc.dr;
+  c->cfg.mtiles = plan->heads_per_block / 16;
+  c->cfg.pipe = plan->kernel;
+  c->groups = (int)ceil_div(plan->desc.num_heads, plan->heads_per_block);
+  c->ntiles = (int)ceil_div(plan->desc.topk, SMLA_CUDA_FWD_BN);
+  c->gather_bytes = (int)smla_cache_row_size(plan->desc.format, plan->desc.dr);
+}
+
+/* Splits for a forward of T rows under the plan's policy. */
+static int plan_splits(const smla_plan *plan, const fwd_choice *c, const cuda_state *st,
+                       int64_t T, int *split_len) {
+  const smla_plan_desc *d = &plan->desc;
+  int s;
+  if (d->num_splits > 0) {
+    forced_splits(d->num_splits, d->topk, &s, split_len);
+    return s;
+  }
+  if (d->flags & SMLA_PLAN_BATCH_INVARIANT) {
+    s = auto_splits(c, st, d->num_heads, d->topk, invariant_rows(c, st, d->max_tokens),
+                    split_len);
+    return s;
+  }
+  return auto_splits(c, st, d->num_heads, d->topk, T, split_len);
+}
+
+/* Workspace bytes per partial row (t, split): out [N][512] float + lse [N] + max [N]. */
+static size_t partial_row_bytes(int num_heads) {
+  return (size_t)num_heads * (SMLA_DC * 4 + 4 + 4);
+}
+
+static const char *format_name(smla_cache_format f) {
+  return f == SMLA_CACHE_BF16 ? "bf16" : f == SMLA_CACHE_FP8_TENSOR ? "fp8-tensor" : "fp8-ds";
+}
+
+static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
+  smla_context *ctx = plan->ctx;
+  const cuda_state *st = ctx->backend_state;
+  const smla_plan_desc *d = &plan->desc;
+  const char *fn = "smla_plan_create";
+
+  /* Heads per block: the fewest m16 tiles that hold N (at most 4 = 64 heads), then the
+   * deepest pipeline that fits the device's shared memory; fewer heads if none fits. */
+  int mtiles = d->num_heads <= 16 ? 1 : d->num_heads <= 32 ? 2 : 4;
+  int pipe = -1;
+  for (;;) {
+    const int deepest = 2, shallowest = d->format == SMLA_CACHE_BF16 ? 1 : 0;
+    for (int p = deepest; p >= shallowest; p--) {
+      const smla_cuda_fwd_layout L = smla_cuda_fwd_layout_of((int)d->format, d->dr, mtiles, p);
+      if ((int)L.total <= st->smem_optin) {
+        pipe = p;
+        break;
+      }
+    }
+    if (pipe >= 0 || mtiles == 1) break;
+    mtiles /= 2;
+  }
+  if (pipe < 0)
+    return smla_set_error(ctx, SMLA_ERR_UNSUPPORTED, "%s: device %d allows %d bytes of shared "
+                          "memory per block, too few for the generic forward", fn,
+                          ctx->device, st->smem_optin);
+  plan->heads_per_block = 16 * mtiles;
+  plan->kernel = pipe;
+
+  fwd_choice c;
+  plan_choice(plan, &c);
+  const smla_cuda_fwd_layout L = smla_cuda_fwd_layout_of(c.cfg.format, c.cfg.dr, mtiles, pipe);
+
+  /* Partial rows the workspace must hold: max over T <= max_tokens of T * splits(T). */
+  int64_t cap = 0;
+  int split_len, s_one = plan_splits(plan, &c, st, 1, &split_len);
+  const int s_max = plan_splits(plan, &c, st, d->max_tokens, &split_len);
+  if (d->num_splits > 0 || (d->flags & SMLA_PLAN_BATCH_INVARIANT)) {
+    cap = s_one > 1 ? d->max_tokens * s_one : 0;
+  } else {
+    int64_t tmax = ceil_div((int64_t)NO_SPLIT_WAVES * st->sm_count, c.groups);
+    if (tmax > d->max_tokens) tmax = d->max_tokens;
+    for (int64_t T = 1; T <= tmax; T++) {
+      const int s = plan_splits(plan, &c, st, T, &split_len);
+      if (s > 1 && T * s > cap) cap = T * s;
+    }
+  }
+  plan->num_splits = s_max;
+  *workspace_bytes = (size_t)cap * partial_row_bytes(d->num_heads);
+
+  /* Kernel attribute: may use all the opt-in shared memory (a permission, not a size). */
+  int prev;
+  smla_status s = device_enter(ctx, fn, &prev);
+  if (s != SMLA_OK) return s;
+  cudaError_t e;
+  switch (d->format) {
+  case SMLA_CACHE_BF16: e = smla_cuda_fwd_prepare_bf16(&c.cfg, st->smem_optin); break;
+  case SMLA_CACHE_FP8_TENSOR: e = smla_cuda_fwd_prepare_fp8(&c.cfg, st->smem_optin); break;
+  default: e = smla_cuda_fwd_prepare_ds(&c.cfg, st->smem_optin); break;
+  }
+  s = launched(ctx, prev, e, "smla_plan_create: cudaFuncSetAttribute");
+  if (s != SMLA_OK) return s;
+
+  const char *policy = d->num_splits > 0 ? "forced"
+                       : (d->flags & SMLA_PLAN_BATCH_INVARIANT) ? "batch-invariant, fixed"
+                                                                : "per T by cost model";
+  snprintf(plan->describe, sizeof plan->describe,
+           "cuda-generic: %s dr=%d, %d heads/block x %d groups, %s %d (%u KB smem), "
+           "mma.sync bf16; splits %s (T=1: %d, T=%lld: %d; %d SMs); %lld partial rows",
+           format_name(d->format), d->dr, plan->heads_per_block, c.groups,
+           d->format == SMLA_CACHE_BF16 ? "kv stages" : "fp8 staging", pipe,
+           (unsigned)(L.total / 1024), policy, s_one, (long long)d->max_tokens, s_max,
+           st->sm_count, (long long)cap);
+  return SMLA_OK;
+}
+
+/* ---- forward --------------------------------------------------------------------------- */
+
+static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p, void *stream) {
+  smla_context *ctx = plan->ctx;
+  const cuda_state *st = ctx->backend_state;
+  const char *fn = "smla_forward";
+  fwd_choice c;
+  plan_choice(plan, &c);
+  const int64_t T = p->num_tokens;
+  const int N = p->num_heads;
+  int split_len;
+  const int splits = plan_splits(plan, &c, st, T, &split_len);
+
+  smla_cuda_fwd_args a;
+  memset(&a, 0, sizeof a);
+  a.num_tokens = T;
+  a.num_heads = N;
+  a.topk = p->topk;
+  a.groups = c.groups;
+  a.num_splits = splits;
+  a.split_len = split_len;
+  a.q_nope = (const uint16_t *)p->q_nope;
+  a.q_nope_stride_t = p->q_nope_stride_t;
+  a.q_nope_stride_h = p->q_nope_stride_h;
+  a.q_pe = c.cfg.dr > 0 ? (const uint16_t *)p->q_pe : (const uint16_t *)p->q_nope;
+  a.q_pe_stride_t = p->q_pe_stride_t;
+  a.q_pe_stride_h = p->q_pe_stride_h;
+  a.cache = (const uint8_t *)p->cache.data;
+  a.num_slots = p->cache.num_slots;
+  a.row_bytes = p->cache.row_bytes;
+  a.slots = p->slots;
+  a.slots_stride = p->slots_stride;
+  a.lengths = p->lengths;
+  const int tensor = p->cache.format == SMLA_CACHE_FP8_TENSOR;
+  a.logit_scale = tensor ? p->sm_scale * p->cache.scale : p->sm_scale;
+  a.value_scale = tensor ? p->cache.scale : 1.0f;
+  a.softcap = p->softcap;
+  a.sink = p->sink;
+  a.out = (uint16_t *)p->out;
+  a.out_stride_t = p->out_stride_t;
+  a.out_stride_h = p->out_stride_h;
+  a.lse = p->lse;
+  a.lse_stride_t = p->lse_stride_t;
+  a.max_logit = p->max_logit;
+  a.max_logit_stride_t = p->max_logit_stride_t;
+  a.bad_inputs = (unsigned long long *)p->bad_inputs;
+
+  const int64_t part_stride_p = T * N; /* in (t, h) rows */
+  int64_t cap = 0;
+  if (splits > 1) {
+    cap = plan->workspace ? (int64_t)(plan->workspace_bytes / partial_row_bytes(N)) : 0;
+    if (T * splits > cap)
+      return smla_set_error(ctx, SMLA_ERR_INTERNAL, "%s: %lld rows x %d splits exceed the "
+                            "plan's workspace of %lld partial rows", fn, (long long)T, splits,
+                            (long long)cap);
+    a.part_out = (float *)plan->workspace;
+    a.part_lse = (float *)((char *)plan->workspace + (size_t)cap * N * SMLA_DC * 4);
+    a.part_max = a.part_lse + cap * N;
+  }
+
+  int prev;
+  smla_status s = device_enter(ctx, fn, &prev);
+  if (s != SMLA_OK) return s;
+  cudaError_t e;
+  switch (p->cache.format) {
+  case SMLA_CACHE_BF16: e = smla_cuda_fwd_launch_bf16(&c.cfg, &a, stream); break;
+  case SMLA_CACHE_FP8_TENSOR: e = smla_cuda_fwd_launch_fp8(&c.cfg, &a, stream); break;
+  default: e = smla_cuda_fwd_launch_ds(&c.cfg, &a, stream); break;
+  }
+  if (e != cudaSuccess || splits == 1) return launched(ctx, prev, e, "smla_forward: kernel");
+
+  smla_cuda_merge_args m;
+  memset(&m, 0, sizeof m);
+  m.num_partials = splits;
+  m.num_tokens = T;
+  m.num_heads = N;
+  m.dv = SMLA_DC;
+  m.out_p = a.part_out;
+  m.out_p_stride_p = part_stride_p * SMLA_DC;
+  m.out_p_stride_t = (int64_t)N * SMLA_DC;
+  m.out_p_stride_h = SMLA_DC;
+  m.lse_p = a.part_lse;
+  m.lse_p_stride_p = part_stride_p;
+  m.lse_p_stride_t = N;
+  m.max_p = a.part_max;
+  m.max_p_stride_p = part_stride_p;
+  m.max_p_stride_t = N;
+  m.out = p->out;
+  m.out_bf16 = 1;
+  m.out_stride_t = p->out_stride_t;
+  m.out_stride_h = p->out_stride_h;
+  m.lse = p->lse;
+  m.lse_stride_t = p->lse_stride_t;
+  m.max_logit = p->max_logit;
+  m.max_logit_stride_t = p->max_logit_stride_t;
+  m.sink = p->sink;
+  return launched(ctx, prev, smla_cuda_merge(&m, stream), "smla_forward: combine kernel");
+}
+
+const smla_backend smla_cuda_backend = {
+    .name = "cuda",
+    .init = cuda_init,
+    .fini = cuda_fini,
+    .convert = cuda_convert,
+    .cache_write = cuda_cache_write,
+    .merge = cuda_merge,
+    .plan_init = cuda_plan_init,
+    .forward = cuda_forward,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .check_not_capturing = cuda_check_not_capturing,
+};

@@ -1,0 +1,4 @@
+/* forward_bf16.cu: the generic forward for the BF16 cache; see forward_impl.cuh. */
+#include "forward_impl.cuh"
+
+SMLA_FWD_DEFINE(bf16, FMT_BF16)

@@ -1,0 +1,568 @@
+/*
+ * forward_impl.cuh: the generic sparse-MLA forward kernel (SPEC §3), tensor cores through
+ * mma.sync.m16n8k16 bf16 (sm_80+). Included by forward_bf16.cu, forward_fp8.cu and
+ * forward_ds.cu, which instantiate one cache format each (parallel builds).
+ *
+ * Work: one block (8 warps) per (row t, head group, KV split). A head group is M = 16 *
+ * MT heads (MT = 1, 2, 4: N <= 16, <= 32, else 64 per group; rows past N are zero and
+ * never written). The block walks its split's entries in tiles of BN = 64 gathered rows,
+ * FlashAttention-2 style:
+ *   S[M][64] = Q[M][dqk] K^T      8 warps: 4x2 of 16x32 (MT=4), 2x4 of 16x16, 1x8 of 16x8
+ *   online softmax on S           row max exchanged between warps in shared memory;
+ *                                 P written to shared memory as bf16
+ *   O[M][512] += P[M][64] V       warp w owns output columns 64w..64w+63, all M rows
+ * Q (M x dqk bf16) stays in shared memory for the whole block; KV tiles are gathered by
+ * cp.async 16-byte copies (4 threads per row), two stages deep for BF16. fp8 rows
+ * are staged raw (1-2 buffers) and widened to bf16 in shared memory: e4m3 -> bf16 is
+ * exact; FP8_DS group scales are applied on the widening (exact for the power-of-two
+ * scales the writer makes); the FP8_TENSOR scale is folded into the logit scale and the
+ * output scale instead, so no rounding is added. Masked entries (slot outside [0, S), past
+ * lengths[t] or past the split) never read the cache: cp.async zero-fills their row, and
+ * their logits are set to -inf, so NaN in unused rows cannot leak in. A NaN logit of a
+ * used entry makes the row's max, lse and out NaN.
+ *
+ * Napkin math, MT=4 (64 heads) per 64-entry tile: 2*64*64*(576+512) = 8.9 MFLOP = 2176
+ * mma.sync.m16n8k16; at ~8 cycles per mma per SM sub-partition that is ~4.4K cycles of
+ * tensor work. Shared-memory operand traffic: S 8 warps x 108 ldmatrix.x4 (442 KB), PV
+ * 8 warps x 32 (131 KB), + 72 KB of cp.async fills: ~5K cycles at 128 B/clk; the S phase
+ * is bound by it (3.5K cycles against 2.3K of mma), the PV phase by the mma. With the
+ * phases serialized by barriers: ~6.5K cycles (~3.3 us) per tile per SM, T=1024 N=128
+ * K=2048 (584 GFLOP, 65536 tiles on 132 SMs) in ~1.7 ms. Measured (H200, 2026-12-02):
+ * 2.42 ms, 4.7 us per tile (ncu: tensor pipe ~30-40% busy, 8 warps per SM, 255
+ * registers, issue-latency bound). Gather bytes: 64 * 1152 = 72 KB per tile, hidden
+ * behind one tile of compute by the second stage.
+ * Shared memory, MT=4 BF16 dr=64: Q 72 KB + 2 x KV 72 KB + P 8 KB + 1.3 KB = 225 KB
+ * (fits the 227 KB opt-in of sm_90; smaller devices get pipe = 1 or fewer heads).
+ */
+#ifndef SMLA_CUDA_FORWARD_IMPL_CUH
+#define SMLA_CUDA_FORWARD_IMPL_CUH
+
+#include "kernels.h"
+#include "ptx.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <limits.h>
+#include <math.h>
+
+#define FMT_BF16 0
+#define FMT_FP8 1
+#define FMT_DS 2
+
+#define FWD_BN SMLA_CUDA_FWD_BN
+#define FWD_THREADS SMLA_CUDA_FWD_THREADS
+#define FWD_LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *(const uint32_t *)&v;
+}
+
+/* Two e4m3 (low byte first) -> two floats, exact (through f16). */
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
+  return __half22float2(__half2(r));
+}
+
+/* 16 e4m3 values (one 16-byte chunk) * sc -> 16 bf16 in two 16-byte chunks. */
+__device__ __forceinline__ void widen_chunk(uint4 raw, float sc, uint4 *lo, uint4 *hi) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const float2 a = e4m3x2_to_float2(w[i] & 0xffffu);
+    const float2 b = e4m3x2_to_float2(w[i] >> 16);
+    o[2 * i] = pack_bf16x2(a.x * sc, a.y * sc);
+    o[2 * i + 1] = pack_bf16x2(b.x * sc, b.y * sc);
+  }
+  *lo = make_uint4(o[0], o[1], o[2], o[3]);
+  *hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+/* Byte offset of 16-byte chunk c of row r in a swizzled tile with row pitch `pitch`:
+ * chunk c ^ (r % 8), so the 8 rows an ldmatrix phase reads hit 8 distinct bank groups. */
+__device__ __forceinline__ uint32_t swz(int r, int c, int pitch) {
+  return (uint32_t)(r * pitch + ((c ^ (r & 7)) << 4));
+}
+
+/* The next slot a loader thread needs: entry ks + tile * BN + lr, or -1 past the end. */
+__device__ __forceinline__ int32_t slot_at(const int32_t *slot_row, int ks, int kend, int tile,
+                                           int lr) {
+  const int k = ks + tile * FWD_BN + lr;
+  return k < kend ? __ldg(slot_row + k) : -1;
+}
+
+/* Entry state of one loader row: used (read it), counted as bad (>= S or < -1). */
+__device__ __forceinline__ bool entry_used(const smla_cuda_fwd_args &a, int32_t s, int k,
+                                           int kend, int lp, unsigned *bad) {
+  const bool in_range = k < kend;
+  const bool used = in_range && s >= 0 && (int64_t)s < a.num_slots;
+  if (lp == 0 && in_range && (s < -1 || (int64_t)s >= a.num_slots)) (*bad)++;
+  return used;
+}
+
+template <int FMT, int DR, int MT>
+__global__ void __launch_bounds__(FWD_THREADS, 1)
+    fwd_kernel(const __grid_constant__ smla_cuda_fwd_args a, const int pipe) {
+  constexpr int BN = FWD_BN;
+  constexpr int DQK = 512 + DR;
+  constexpr int QCH = DQK / 8;   /* 16-byte chunks per bf16 row */
+  constexpr int ROWB = DQK * 2;  /* bf16 row pitch in shared memory */
+  constexpr int M = 16 * MT;
+  /* S phase: all 8 warps, 16 x (64 / WN) each (64 heads: 4 x 2 warps of 16x32, 3 ldmatrix
+   * per 4 mma). SMLA_FWD_S4=1 (experiment): 64 heads on 4 warps of 32x32 (SMT = 2, 4
+   * ldmatrix per 8 mma, a third less shared-memory traffic, one warp per sub-partition).
+   * Verdict (H200, 2026-12-02, bf16 K=2048): slower, T=1024 N=128 2.94 ms vs 2.46 ms,
+   * T=16 N=128 64 vs 55 us: one warp per sub-partition can not hide ldmatrix -> mma. */
+#ifndef SMLA_FWD_S4
+#define SMLA_FWD_S4 0
+#endif
+  constexpr int S_WARPS = SMLA_FWD_S4 && MT == 4 ? 4 : 8;
+  constexpr int SMT = SMLA_FWD_S4 && MT == 4 ? 2 : 1; /* m16 tiles per S warp */
+  constexpr int WM = MT / SMT;           /* S warps along the heads */
+  constexpr int WN = S_WARPS / WM;       /* S warps along the entries */
+  constexpr int NTS = BN / WN / 8;       /* n8 tiles per S warp */
+  static_assert(WN * M == 128, "red[] holds WN x M floats");
+  constexpr int RAW_ROW = FMT == FMT_FP8 ? DQK : FMT == FMT_DS ? 528 + 2 * DR : 16;
+  constexpr int RAW_CH = RAW_ROW / 16;
+  constexpr int FP8_CH = FMT == FMT_FP8 ? DQK / 16 : 32; /* e4m3 chunks per row */
+  constexpr int UNITS = FP8_CH + (FMT == FMT_DS ? DR / 8 : 0); /* widen work per row */
+  const float NEG_INF = -INFINITY;
+
+  extern __shared__ __align__(16) uint8_t smem[];
+  const smla_cuda_fwd_layout L = smla_cuda_fwd_layout_of(FMT, DR, MT, pipe);
+  const uint32_t sbase = smem_addr(smem);
+  float *red = (float *)(smem + L.red);
+  float *alpha_s = (float *)(smem + L.alpha);
+  float *rowmax_s = (float *)(smem + L.rowmax);
+  uint8_t *mask_s = smem + L.mask;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tig = lane & 3, x7 = lane & 7;
+  const int lr = tid >> 2, lp = tid & 3; /* loader: row of the tile, quarter of the row */
+
+  const int64_t bid = blockIdx.x;
+  const int grp = (int)(bid % a.groups);
+  const int64_t rest = bid / a.groups;
+  const int split = (int)(rest % a.num_splits);
+  const int64_t t = rest / a.num_splits;
+  const int h0 = grp * M;
+
+  int len = a.topk;
+  if (a.lengths) len = min(max(a.lengths[t], 0), a.topk);
+  const int ks = split * a.split_len;
+  const int kend = min(min(ks + a.split_len, a.topk), len);
+  const int ntiles = kend > ks ? (kend - ks + BN - 1) / BN : 0;
+  const int32_t *slot_row = a.slots + t * a.slots_stride;
+
+  float O[MT][8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) O[mt][nt][i] = 0.0f;
+  float m_run[SMT][2], l_run[SMT][2];
+#pragma unroll
+  for (int mi = 0; mi < SMT; mi++) {
+    m_run[mi][0] = m_run[mi][1] = NEG_INF;
+    l_run[mi][0] = l_run[mi][1] = 0.0f;
+  }
+  unsigned bad = 0;
+
+  if (ntiles > 0) {
+    const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
+    /* Q rows (heads h0..h0+M-1), zero past N. Joins the first cp.async group. */
+    for (int idx = tid; idx < M * QCH; idx += FWD_THREADS) {
+      const int row = idx / QCH, c = idx - row * QCH, head = h0 + row;
+      const bool ok = head < a.num_heads;
+      const uint16_t *src = a.q_nope;
+      if (ok)
+        src = c < 64 ? a.q_nope + t * a.q_nope_stride_t + head * a.q_nope_stride_h + 8 * c
+                     : a.q_pe + t * a.q_pe_stride_t + head * a.q_pe_stride_h + 8 * (c - 64);
+      cp_async_16(q_s + swz(row, c, ROWB), src, ok ? 16 : 0);
+    }
+
+    int32_t slot_pf = slot_at(slot_row, ks, kend, 0, lr); /* prefetched one tile ahead */
+
+    /* Gathers tile j's row lr (this thread's quarter) into a bf16 KV buffer or a raw one. */
+#define ISSUE_TILE(j, dst_row)                                                              \
+  do {                                                                                      \
+    const int32_t s_ = slot_pf;                                                             \
+    slot_pf = slot_at(slot_row, ks, kend, (j) + 1, lr);                                     \
+    const bool used_ = entry_used(a, s_, ks + (j) * BN + lr, kend, lp, &bad);               \
+    if (lp == 0) mask_s[((j) & 3) * BN + lr] = used_;                                       \
+    const uint8_t *src_ = a.cache + (used_ ? (int64_t)s_ * a.row_bytes : 0);                \
+    const uint32_t n_ = used_ ? 16u : 0u;                                                   \
+    if (FMT == FMT_BF16) {                                                                  \
+      _Pragma("unroll") for (int i_ = 0; i_ < QCH / 4; i_++) {                              \
+        const int c_ = lp + 4 * i_;                                                         \
+        cp_async_16((dst_row) + ((c_ ^ (lr & 7)) << 4), src_ + 16 * c_, n_);                \
+      }                                                                                     \
+    } else {                                                                                \
+      _Pragma("unroll") for (int i_ = 0; i_ < (RAW_CH + 3) / 4; i_++) {                     \
+        const int c_ = lp + 4 * i_;                                                         \
+        if (c_ < RAW_CH) cp_async_16((dst_row) + 16 * c_, src_ + 16 * c_, n_);              \
+      }                                                                                     \
+    }                                                                                       \
+  } while (0)
+
+    const bool s_warp = S_WARPS == 8 || warp < S_WARPS; /* folds to true for 8 */
+    const int wm = warp % WM, wn = warp / WM;
+    const uint32_t a_row = q_s + (uint32_t)((wm * 16 * SMT + (lane & 15)) * ROWB);
+    const int a_hi = lane >> 4, b_hi = (lane >> 3) & 1;
+    const int b_n0 = wn * 8 * NTS + (lane & 7) + (NTS > 1 ? ((lane >> 4) & 1) * 8 : 0);
+    (void)s_warp;
+
+    const int kv_bufs = FMT == FMT_BF16 ? pipe : 1;
+    if (FMT == FMT_BF16) {
+      ISSUE_TILE(0, kv_s + (uint32_t)(lr * ROWB));
+      cp_async_commit();
+    } else if (pipe >= 1) {
+      ISSUE_TILE(0, sbase + L.raw + (uint32_t)(lr * RAW_ROW));
+      cp_async_commit();
+      if (pipe == 2) {
+        if (ntiles > 1) ISSUE_TILE(1, sbase + L.raw + (uint32_t)((BN + lr) * RAW_ROW));
+        cp_async_commit();
+      }
+    } else {
+      cp_async_commit(); /* Q alone */
+    }
+
+    for (int j = 0; j < ntiles; j++) {
+      const int buf = FMT == FMT_BF16 && kv_bufs == 2 ? (j & 1) : 0;
+      if (FMT == FMT_BF16) {
+        /* Two stages: tile j+1 is issued before waiting for tile j, so two tiles are in
+         * flight during the wait. (Issuing tile j+2 only after tile j+1 had landed, one
+         * barrier fewer per tile, cost 22% at 16 heads: 882 vs 725 us, T=1024 N=16.) */
+        if (kv_bufs == 2) {
+          if (j + 1 < ntiles)
+            ISSUE_TILE(j + 1, kv_s + (uint32_t)((((j + 1) & 1) * BN + lr) * ROWB));
+          cp_async_commit();
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        __syncthreads();
+      } else {
+        if (pipe == 2)
+          cp_async_wait<1>();
+        else
+          cp_async_wait<0>();
+        __syncthreads();
+        if (pipe >= 1) {
+          /* Widen the staged raw tile j into the bf16 KV buffer. */
+          const uint8_t *raw = smem + L.raw + (j % pipe) * BN * RAW_ROW;
+#pragma unroll 2
+          for (int idx = tid; idx < BN * UNITS; idx += FWD_THREADS) {
+            const int r = idx / UNITS, u = idx - r * UNITS;
+            const uint8_t *rrow = raw + r * RAW_ROW;
+            uint8_t *krow = smem + L.kv + r * ROWB;
+            if (u < FP8_CH) {
+              const float sc = FMT == FMT_DS ? ((const float *)(rrow + 512))[u >> 3] : 1.0f;
+              uint4 lo, hi;
+              widen_chunk(*(const uint4 *)(rrow + 16 * u), sc, &lo, &hi);
+              *(uint4 *)(krow + ((2 * u) ^ (r & 7)) * 16) = lo;
+              *(uint4 *)(krow + ((2 * u + 1) ^ (r & 7)) * 16) = hi;
+            } else {
+              const int c = 64 + (u - FP8_CH);
+              *(uint4 *)(krow + (c ^ (r & 7)) * 16) =
+                  *(const uint4 *)(rrow + 528 + 16 * (u - FP8_CH));
+            }
+          }
+        } else {
+          /* No staging buffer: load this thread's row quarter through registers. */
+          const int32_t s_ = slot_pf;
+          slot_pf = slot_at(slot_row, ks, kend, j + 1, lr);
+          const bool used_ = entry_used(a, s_, ks + j * BN + lr, kend, lp, &bad);
+          if (lp == 0) mask_s[(j & 3) * BN + lr] = used_;
+          const uint8_t *src = a.cache + (used_ ? (int64_t)s_ * a.row_bytes : 0);
+          uint8_t *krow = smem + L.kv + lr * ROWB;
+          const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+          uint4 scales = zero;
+          if (FMT == FMT_DS && used_) scales = ld_nc_16(src + 512);
+          const float sc4[4] = {__uint_as_float(scales.x), __uint_as_float(scales.y),
+                                __uint_as_float(scales.z), __uint_as_float(scales.w)};
+#pragma unroll
+          for (int i = 0; i < UNITS / 4; i++) {
+            const int u = lp + 4 * i;
+            if (u < FP8_CH) {
+              const uint4 v = used_ ? ld_nc_16(src + 16 * u) : zero;
+              uint4 lo, hi;
+              widen_chunk(v, FMT == FMT_DS ? sc4[u >> 3] : 1.0f, &lo, &hi);
+              *(uint4 *)(krow + ((2 * u) ^ (lr & 7)) * 16) = lo;
+              *(uint4 *)(krow + ((2 * u + 1) ^ (lr & 7)) * 16) = hi;
+            } else {
+              const int c = 64 + (u - FP8_CH);
+              *(uint4 *)(krow + (c ^ (lr & 7)) * 16) =
+                  used_ ? ld_nc_16(src + 528 + 16 * (u - FP8_CH)) : zero;
+            }
+          }
+        }
+        __syncthreads();
+        if (pipe >= 1) {
+          if (j + pipe < ntiles)
+            ISSUE_TILE(j + pipe, sbase + L.raw + (uint32_t)(((j % pipe) * BN + lr) * RAW_ROW));
+          cp_async_commit();
+        }
+      }
+      const uint32_t kvb = kv_s + (uint32_t)(buf * BN * ROWB);
+
+      /* ---- S = Q K^T: this warp's 16*SMT heads x 8*NTS entries ---- */
+      float sacc[SMT][NTS][4];
+#pragma unroll
+      for (int mi = 0; mi < SMT; mi++)
+#pragma unroll
+        for (int nt = 0; nt < NTS; nt++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) sacc[mi][nt][i] = 0.0f;
+      const uint8_t *mk = mask_s + (j & 3) * BN;
+      float tmax[SMT][2];
+      if (s_warp) {
+#pragma unroll
+        for (int kk = 0; kk < DQK / 16; kk++) {
+          uint32_t af[SMT][4];
+#pragma unroll
+          for (int mi = 0; mi < SMT; mi++)
+            ldmatrix_x4(af[mi], a_row + (uint32_t)(mi * 16 * ROWB + (((2 * kk + a_hi) ^ x7) << 4)));
+          if (NTS == 1) {
+            uint32_t bf[2];
+            ldmatrix_x2(bf, kvb + (uint32_t)(b_n0 * ROWB + (((2 * kk + b_hi) ^ x7) << 4)));
+#pragma unroll
+            for (int mi = 0; mi < SMT; mi++) mma_bf16_16816(sacc[mi][0], af[mi], bf[0], bf[1]);
+          } else {
+#pragma unroll
+            for (int np = 0; np < NTS / 2; np++) {
+              uint32_t bf[4];
+              ldmatrix_x4(bf, kvb + (uint32_t)((b_n0 + np * 16) * ROWB +
+                                               (((2 * kk + b_hi) ^ x7) << 4)));
+#pragma unroll
+              for (int mi = 0; mi < SMT; mi++) {
+                mma_bf16_16816(sacc[mi][2 * np], af[mi], bf[0], bf[1]);
+                mma_bf16_16816(sacc[mi][2 * np + 1], af[mi], bf[2], bf[3]);
+              }
+            }
+          }
+        }
+
+        /* ---- online softmax: scale, softcap, mask; row max across the WN warps ---- */
+#pragma unroll
+        for (int mi = 0; mi < SMT; mi++) {
+          tmax[mi][0] = tmax[mi][1] = NEG_INF;
+#pragma unroll
+          for (int nt = 0; nt < NTS; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+              const bool u = mk[wn * 8 * NTS + nt * 8 + 2 * tig + e] != 0;
+#pragma unroll
+              for (int hh = 0; hh < 2; hh++) {
+                float v = sacc[mi][nt][2 * hh + e] * a.logit_scale;
+                if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
+                v = u ? v : NEG_INF;
+                sacc[mi][nt][2 * hh + e] = v;
+                tmax[mi][hh] = fmax_nan(tmax[mi][hh], v); /* a NaN logit poisons the row */
+              }
+            }
+#pragma unroll
+          for (int hh = 0; hh < 2; hh++) {
+            tmax[mi][hh] = fmax_nan(tmax[mi][hh], __shfl_xor_sync(0xffffffffu, tmax[mi][hh], 1));
+            tmax[mi][hh] = fmax_nan(tmax[mi][hh], __shfl_xor_sync(0xffffffffu, tmax[mi][hh], 2));
+            if (tig == 0) red[wn * M + wm * 16 * SMT + mi * 16 + g + 8 * hh] = tmax[mi][hh];
+          }
+        }
+      }
+      __syncthreads();
+      if (s_warp) {
+#pragma unroll
+        for (int mi = 0; mi < SMT; mi++) {
+          float mls[2], alpha[2], lsum[2] = {0.0f, 0.0f};
+#pragma unroll
+          for (int hh = 0; hh < 2; hh++) {
+            const int row = wm * 16 * SMT + mi * 16 + g + 8 * hh;
+            float mx = NEG_INF;
+#pragma unroll
+            for (int w = 0; w < WN; w++) mx = fmax_nan(mx, red[w * M + row]);
+            const float m_new = fmax_nan(m_run[mi][hh], mx); /* NaN: out, lse, max NaN */
+            const float m_use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
+            alpha[hh] = ex2_approx((m_run[mi][hh] - m_use) * FWD_LOG2E);
+            m_run[mi][hh] = m_new;
+            mls[hh] = m_use * FWD_LOG2E;
+          }
+#pragma unroll
+          for (int nt = 0; nt < NTS; nt++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+              const float p0 = ex2_approx(fmaf(sacc[mi][nt][2 * hh], FWD_LOG2E, -mls[hh]));
+              const float p1 = ex2_approx(fmaf(sacc[mi][nt][2 * hh + 1], FWD_LOG2E, -mls[hh]));
+              lsum[hh] += p0 + p1;
+              const int row = wm * 16 * SMT + mi * 16 + g + 8 * hh;
+              const int col = wn * 8 * NTS + nt * 8 + 2 * tig;
+              *(uint32_t *)(smem + L.p + swz(row, col >> 3, BN * 2) + (col & 7) * 2) =
+                  pack_bf16x2(p0, p1);
+            }
+#pragma unroll
+          for (int hh = 0; hh < 2; hh++) {
+            l_run[mi][hh] = l_run[mi][hh] * alpha[hh] + lsum[hh];
+            if (wn == 0 && tig == 0) alpha_s[wm * 16 * SMT + mi * 16 + g + 8 * hh] = alpha[hh];
+          }
+        }
+      }
+      __syncthreads();
+
+      /* ---- O = alpha O + P V: all M heads x this warp's 64 output columns ---- */
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        const float a0 = alpha_s[mt * 16 + g], a1 = alpha_s[mt * 16 + g + 8];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+          O[mt][nt][0] *= a0, O[mt][nt][1] *= a0;
+          O[mt][nt][2] *= a1, O[mt][nt][3] *= a1;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+          ldmatrix_x4(pa[mt], p_s + swz(mt * 16 + (lane & 15), 2 * kk + (lane >> 4), BN * 2));
+        const int krow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+          uint32_t bf[4];
+          ldmatrix_x4_trans(bf, kvb + swz(krow, warp * 8 + np * 2 + (lane >> 4), ROWB));
+#pragma unroll
+          for (int mt = 0; mt < MT; mt++) {
+            mma_bf16_16816(O[mt][2 * np], pa[mt], bf[0], bf[1]);
+            mma_bf16_16816(O[mt][2 * np + 1], pa[mt], bf[2], bf[3]);
+          }
+        }
+      }
+      __syncthreads(); /* the KV buffer, P, red and alpha are rewritten next tile */
+      if (FMT == FMT_BF16 && kv_bufs == 1 && j + 1 < ntiles) { /* one stage: load after use */
+        ISSUE_TILE(j + 1, kv_s + (uint32_t)(lr * ROWB));
+        cp_async_commit();
+      }
+    }
+#undef ISSUE_TILE
+    cp_async_wait<0>();
+
+    /* Row sums: quad, then across the WN warps sharing a row. */
+    if (s_warp) {
+#pragma unroll
+      for (int mi = 0; mi < SMT; mi++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+          float l = l_run[mi][hh];
+          l += __shfl_xor_sync(0xffffffffu, l, 1);
+          l += __shfl_xor_sync(0xffffffffu, l, 2);
+          const int row = wm * 16 * SMT + mi * 16 + g + 8 * hh;
+          if (tig == 0) {
+            red[wn * M + row] = l;
+            if (wn == 0) rowmax_s[row] = m_run[mi][hh];
+          }
+        }
+    }
+  } else {
+    /* No used entry can exist in this split: every row gets l = 0, m = -inf. */
+    for (int i = tid; i < 128; i += FWD_THREADS) red[i] = 0.0f;
+    for (int i = tid; i < M; i += FWD_THREADS) rowmax_s[i] = NEG_INF;
+  }
+  __syncthreads();
+
+  /* ---- epilogue: final (num_splits == 1) or partial state ---- */
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int row = mt * 16 + g + 8 * hh, head = h0 + row;
+      if (head >= a.num_heads) continue;
+      float l = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WN; w++) l += red[w * M + row];
+      const float m = rowmax_s[row];
+      const float lse = l == 0.0f ? NEG_INF : m + logf(l);
+      if (a.num_splits == 1) {
+        float f = 0.0f;
+        if (l != 0.0f) {
+          float den = l;
+          if (a.sink) den += expf(a.sink[head] - m);
+          f = a.value_scale / den;
+        }
+        uint16_t *o = a.out + t * a.out_stride_t + (int64_t)head * a.out_stride_h + warp * 64 +
+                      2 * tig;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+          *(uint32_t *)(o + nt * 8) = pack_bf16x2(O[mt][nt][2 * hh] * f, O[mt][nt][2 * hh + 1] * f);
+        if (warp == 0 && tig == 0) {
+          if (a.lse) a.lse[t * a.lse_stride_t + head] = lse;
+          if (a.max_logit) a.max_logit[t * a.max_logit_stride_t + head] = m;
+        }
+      } else {
+        const int64_t prow = ((int64_t)split * a.num_tokens + t) * a.num_heads + head;
+        if (l != 0.0f) { /* a -inf partial is never read by the combine */
+          const float f = a.value_scale / l;
+          float *o = a.part_out + prow * 512 + warp * 64 + 2 * tig;
+#pragma unroll
+          for (int nt = 0; nt < 8; nt++)
+            *(float2 *)(o + nt * 8) = make_float2(O[mt][nt][2 * hh] * f, O[mt][nt][2 * hh + 1] * f);
+        }
+        if (warp == 0 && tig == 0) {
+          a.part_lse[prow] = lse;
+          a.part_max[prow] = m;
+        }
+      }
+    }
+
+  if (a.bad_inputs && grp == 0) {
+    const unsigned n = __reduce_add_sync(0xffffffffu, bad);
+    if (lane == 0 && n) atomicAdd(a.bad_inputs, (unsigned long long)n);
+  }
+}
+
+template <int FMT, int DR, int MT>
+static cudaError_t fwd_launch_t(const smla_cuda_fwd_config *c, const smla_cuda_fwd_args *a,
+                                void *stream) {
+  const smla_cuda_fwd_layout L = smla_cuda_fwd_layout_of(FMT, DR, MT, c->pipe);
+  const int64_t blocks = a->num_tokens * a->groups * a->num_splits;
+  if (blocks <= 0) return cudaSuccess;
+  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  fwd_kernel<FMT, DR, MT><<<(unsigned)blocks, FWD_THREADS, L.total, (cudaStream_t)stream>>>(
+      *a, c->pipe);
+  return cudaGetLastError();
+}
+
+template <int FMT, int DR, int MT>
+static cudaError_t fwd_prepare_t(int max_smem) {
+  return cudaFuncSetAttribute(fwd_kernel<FMT, DR, MT>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+}
+
+/* The six (dr, mtiles) variants of one format. */
+#define SMLA_FWD_DEFINE(NAME, FMT)                                                           \
+  extern "C" cudaError_t smla_cuda_fwd_launch_##NAME(                                       \
+      const smla_cuda_fwd_config *c, const smla_cuda_fwd_args *a, void *stream) {           \
+    const int v = (c->dr == 64 ? 0 : 3) + (c->mtiles == 1 ? 0 : c->mtiles == 2 ? 1 : 2);    \
+    switch (v) {                                                                            \
+    case 0: return fwd_launch_t<FMT, 64, 1>(c, a, stream);                                  \
+    case 1: return fwd_launch_t<FMT, 64, 2>(c, a, stream);                                  \
+    case 2: return fwd_launch_t<FMT, 64, 4>(c, a, stream);                                  \
+    case 3: return fwd_launch_t<FMT, 0, 1>(c, a, stream);                                   \
+    case 4: return fwd_launch_t<FMT, 0, 2>(c, a, stream);                                   \
+    default: return fwd_launch_t<FMT, 0, 4>(c, a, stream);                                  \
+    }                                                                                       \
+  }                                                                                         \
+  extern "C" cudaError_t smla_cuda_fwd_prepare_##NAME(const smla_cuda_fwd_config *c,        \
+                                                      int max_smem) {                       \
+    const int v = (c->dr == 64 ? 0 : 3) + (c->mtiles == 1 ? 0 : c->mtiles == 2 ? 1 : 2);    \
+    switch (v) {                                                                            \
+    case 0: return fwd_prepare_t<FMT, 64, 1>(max_smem);                                     \
+    case 1: return fwd_prepare_t<FMT, 64, 2>(max_smem);                                     \
+    case 2: return fwd_prepare_t<FMT, 64, 4>(max_smem);                                     \
+    case 3: return fwd_prepare_t<FMT, 0, 1>(max_smem);                                      \
+    case 4: return fwd_prepare_t<FMT, 0, 2>(max_smem);                                      \
+    default: return fwd_prepare_t<FMT, 0, 4>(max_smem);                                     \
+    }                                                                                       \
+  }
+
+#endif /* SMLA_CUDA_FORWARD_IMPL_CUH */

@@ -1,0 +1,193 @@
+/*
+ * kernels.h: the generic CUDA kernels' launchers (the .cu files of src/cuda/), called by
+ * the host glue src/cuda/backend.c. Private to src/cuda/.
+ *
+ * Every launcher enqueues on `stream` (a cudaStream_t; NULL = legacy stream), never
+ * synchronizes, allocates or reads device memory on the host, and returns
+ * cudaGetLastError() after its launches (cudaSuccess when there was nothing to do). The
+ * args structs carry validated values only (src/api.c checked shapes, strides, alignment);
+ * the kernels only defend against hostile device data (slots, indices, NaN).
+ *
+ * Strides are in elements of the tensor's own type, as in smla.h.
+ */
+#ifndef SMLA_CUDA_KERNELS_H
+#define SMLA_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- 1. convert indices (convert.cu) --------------------------------------------------- */
+typedef struct smla_cuda_convert_args {
+  int64_t num_tokens;          /* T >= 1 */
+  int topk;                    /* K */
+  const int32_t *req_id;       /* [T] */
+  const int32_t *block_table;  /* [R][B], row stride block_table_stride */
+  int num_requests, blocks_per_request;
+  int64_t block_table_stride;
+  int block_size;
+  const int32_t *local;        /* [T][K], row stride local_stride */
+  int64_t local_stride;
+  int32_t *slots;              /* [T][K] out, row stride slots_stride */
+  int64_t slots_stride;
+  int32_t *valid;              /* [T] out; may be NULL */
+  int compact;
+} smla_cuda_convert_args;
+
+cudaError_t smla_cuda_convert(const smla_cuda_convert_args *a, void *stream);
+
+/* ---- 2. cache write (cache_write.cu) --------------------------------------------------- */
+typedef struct smla_cuda_cache_write_args {
+  int64_t num_tokens;          /* T >= 1 */
+  const uint16_t *kv_c;        /* [T][512] bf16 bits, row stride kv_c_stride */
+  int64_t kv_c_stride;
+  const uint16_t *k_pe;        /* [T][dr] bf16 bits, row stride k_pe_stride; NULL iff dr == 0 */
+  int64_t k_pe_stride;
+  const int64_t *slot;         /* [T] */
+  int format;                  /* smla_cache_format */
+  int dr;                      /* 64 or 0 */
+  int64_t num_slots, row_bytes;
+  uint8_t *cache;              /* [S][row_bytes] */
+  float scale;                 /* FP8_TENSOR */
+  unsigned long long *bad_inputs; /* may be NULL */
+} smla_cuda_cache_write_args;
+
+cudaError_t smla_cuda_cache_write(const smla_cuda_cache_write_args *a, void *stream);
+
+/* ---- 3. merge partial states (merge.cu); also the forward's split-KV combine ----------- */
+typedef struct smla_cuda_merge_args {
+  int num_partials;            /* P >= 1 */
+  int64_t num_tokens;          /* T >= 1 */
+  int num_heads;               /* N >= 1 */
+  int dv;                      /* 1..512 */
+  const void *out_p;           /* [P][T][N][dv], float or bf16 */
+  int out_p_bf16;
+  int64_t out_p_stride_p, out_p_stride_t, out_p_stride_h;
+  const float *lse_p;          /* [P][T][N], head stride 1 */
+  int64_t lse_p_stride_p, lse_p_stride_t;
+  const float *max_p;          /* [P][T][N] per-partial max logit; may be NULL */
+  int64_t max_p_stride_p, max_p_stride_t;
+  void *out;                   /* [T][N][dv], float or bf16 */
+  int out_bf16;
+  int64_t out_stride_t, out_stride_h;
+  float *lse;                  /* [T][N]; may be NULL */
+  int64_t lse_stride_t;
+  float *max_logit;            /* [T][N] = max over p of max_p; NULL unless max_p is set */
+  int64_t max_logit_stride_t;
+  const float *sink;           /* [N]: out *= 1 / (1 + exp(sink[h] - lse)); may be NULL */
+} smla_cuda_merge_args;
+
+cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stream);
+
+/* ---- 4. forward (forward_bf16.cu, forward_fp8.cu, forward_ds.cu) ----------------------- */
+
+/* Entries (KV rows) per tile: one cp.async stage, one softmax step. */
+#define SMLA_CUDA_FWD_BN 64
+/* Threads per forward block: 8 warps. */
+#define SMLA_CUDA_FWD_THREADS 256
+
+/* A forward kernel variant. Compile time: format, dr, mtiles (heads per block = 16 *
+ * mtiles: 1, 2 or 4). Run time: pipe = cp.async stages of bf16 KV tiles (1 or 2) for the
+ * BF16 format; for the fp8 formats the number of raw-tile staging buffers (0: rows are
+ * loaded through registers, no overlap; 1 or 2: tiles in flight while one computes). */
+typedef struct smla_cuda_fwd_config {
+  int format, dr, mtiles, pipe;
+} smla_cuda_fwd_config;
+
+typedef struct smla_cuda_fwd_args {
+  int64_t num_tokens;          /* T >= 1 */
+  int num_heads, topk;         /* N, K */
+  int groups;                  /* head groups: ceil(N / (16 * mtiles)) */
+  int num_splits;              /* KV splits per row, >= 1 */
+  int split_len;               /* entries per split (last one shorter) */
+  const uint16_t *q_nope;      /* [T][N][512] */
+  int64_t q_nope_stride_t, q_nope_stride_h;
+  const uint16_t *q_pe;        /* [T][N][dr]; unused when dr == 0 */
+  int64_t q_pe_stride_t, q_pe_stride_h;
+  const uint8_t *cache;        /* [S][row_bytes] */
+  int64_t num_slots, row_bytes;
+  const int32_t *slots;        /* [T][K], row stride slots_stride */
+  int64_t slots_stride;
+  const int32_t *lengths;      /* [T]; may be NULL */
+  float logit_scale;           /* sm_scale, times cache.scale for FP8_TENSOR */
+  float value_scale;           /* 1, or cache.scale for FP8_TENSOR */
+  float softcap;               /* > 0: on */
+  const float *sink;           /* [N]; may be NULL; used only when num_splits == 1 */
+  /* num_splits == 1: final outputs */
+  uint16_t *out;               /* [T][N][512] bf16 */
+  int64_t out_stride_t, out_stride_h;
+  float *lse;                  /* [T][N]; may be NULL */
+  int64_t lse_stride_t;
+  float *max_logit;            /* [T][N]; may be NULL */
+  int64_t max_logit_stride_t;
+  /* num_splits > 1: partial states, index (split * T + t) * N + h */
+  float *part_out;             /* [splits][T][N][512], normalized by the split's own sum */
+  float *part_lse;             /* [splits][T][N]; -inf: the split saw no used entry */
+  float *part_max;             /* [splits][T][N] */
+  unsigned long long *bad_inputs; /* may be NULL */
+} smla_cuda_fwd_args;
+
+/* Shared-memory layout of a variant, in bytes from the dynamic smem base (all offsets
+ * 16-byte aligned). Shared by the host (plan sizing) and the kernels (carving). */
+typedef struct smla_cuda_fwd_layout {
+  uint32_t q;      /* [16*mtiles][dqk] bf16, 16-byte chunks XOR-swizzled by row */
+  uint32_t kv;     /* [kv_bufs][64][dqk] bf16, swizzled like q */
+  uint32_t raw;    /* [raw_bufs][64][raw_row] fp8 rows as stored in the cache */
+  uint32_t p;      /* [16*mtiles][64] bf16 probabilities, swizzled */
+  uint32_t red;    /* [128] float: per-warp row maxima / sums */
+  uint32_t alpha;  /* [16*mtiles] float: rescale factor of the running output */
+  uint32_t rowmax; /* [16*mtiles] float: final row max */
+  uint32_t mask;   /* [4][64] uint8: entry used, per tile (tile & 3) */
+  uint32_t total;
+  int kv_bufs, raw_bufs, raw_row;
+} smla_cuda_fwd_layout;
+
+#ifdef __CUDACC__
+#define SMLA_CUDA_HD __host__ __device__ __forceinline__
+#else
+#define SMLA_CUDA_HD static inline
+#endif
+
+SMLA_CUDA_HD smla_cuda_fwd_layout smla_cuda_fwd_layout_of(int format, int dr, int mtiles,
+                                                         int pipe) {
+  smla_cuda_fwd_layout l;
+  const uint32_t dqk = 512u + (uint32_t)dr, m = 16u * (uint32_t)mtiles;
+  const uint32_t bn = SMLA_CUDA_FWD_BN;
+  l.kv_bufs = format == 0 ? pipe : 1;
+  l.raw_bufs = format == 0 ? 0 : pipe;
+  l.raw_row = format == 1 ? (int)dqk : format == 2 ? 528 + 2 * dr : 0;
+  l.q = 0;
+  l.kv = l.q + m * dqk * 2u;
+  l.raw = l.kv + (uint32_t)l.kv_bufs * bn * dqk * 2u;
+  l.p = l.raw + (uint32_t)l.raw_bufs * bn * (uint32_t)l.raw_row;
+  l.red = l.p + m * bn * 2u;
+  l.alpha = l.red + 128u * 4u;
+  l.rowmax = l.alpha + m * 4u;
+  l.mask = l.rowmax + m * 4u;
+  l.total = l.mask + 4u * bn;
+  return l;
+}
+
+/* Per-format entry points (one translation unit each). prepare lets the variant's kernel
+ * use up to max_smem bytes of dynamic shared memory (cudaFuncSetAttribute: host-side, call
+ * outside graph capture, at plan creation). launch: grid T * groups * num_splits blocks of
+ * SMLA_CUDA_FWD_THREADS threads. */
+cudaError_t smla_cuda_fwd_prepare_bf16(const smla_cuda_fwd_config *c, int max_smem);
+cudaError_t smla_cuda_fwd_prepare_fp8(const smla_cuda_fwd_config *c, int max_smem);
+cudaError_t smla_cuda_fwd_prepare_ds(const smla_cuda_fwd_config *c, int max_smem);
+cudaError_t smla_cuda_fwd_launch_bf16(const smla_cuda_fwd_config *c,
+                                      const smla_cuda_fwd_args *a, void *stream);
+cudaError_t smla_cuda_fwd_launch_fp8(const smla_cuda_fwd_config *c,
+                                     const smla_cuda_fwd_args *a, void *stream);
+cudaError_t smla_cuda_fwd_launch_ds(const smla_cuda_fwd_config *c,
+                                    const smla_cuda_fwd_args *a, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SMLA_CUDA_KERNELS_H */

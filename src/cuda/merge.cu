@@ -1,0 +1,198 @@
+/*
+ * merge.cu: exact log-sum-exp merge of P partial states (SPEC §4), also the forward's
+ * split-KV combine (with max_p -> max_logit and the sink factor 1 / (1 + exp(sink - lse))).
+ *
+ * Merged rows: one block of 128 threads per (t, h) (see merge_kernel).
+ * Bytes: P * dv * 4 read + dv * 2 written per (t, h). The forward picks many splits only
+ * when T * N is small (T=1 N=16 P=32: 1 MB of partials, L2-resident, ~2 us).
+ */
+#include "kernels.h"
+#include "ptx.cuh"
+
+#include <cuda_bf16.h>
+#include <math.h>
+
+#define MERGE_THREADS 128 /* one block per (t, h); 4 values per thread covers dv = 512 */
+#define MERGE_CHUNK 128   /* partials whose weights are staged in shared memory at once */
+#define MERGE_UNROLL 8    /* partial rows loaded before the first is used */
+
+/* 4 values (vec) or 1 from element `off` of a float or bf16 array. */
+__device__ __forceinline__ void load4(const void *base, int bf16, int64_t off, int vec,
+                                      float v[4]) {
+  if (bf16) {
+    const __nv_bfloat16 *p = (const __nv_bfloat16 *)base + off;
+    if (vec) {
+      const uint2 u = *(const uint2 *)p;
+      const __nv_bfloat162 lo = *(const __nv_bfloat162 *)&u.x, hi = *(const __nv_bfloat162 *)&u.y;
+      v[0] = __low2float(lo), v[1] = __high2float(lo);
+      v[2] = __low2float(hi), v[3] = __high2float(hi);
+    } else {
+      v[0] = __bfloat162float(p[0]);
+    }
+  } else {
+    const float *p = (const float *)base + off;
+    if (vec) {
+      const float4 u = *(const float4 *)p;
+      v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+    } else {
+      v[0] = p[0];
+    }
+  }
+}
+
+__device__ __forceinline__ void store4(void *base, int bf16, int64_t off, int vec,
+                                       const float v[4]) {
+  if (bf16) {
+    __nv_bfloat16 *p = (__nv_bfloat16 *)base + off;
+    if (vec) {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(v[2], v[3]);
+      uint2 u;
+      u.x = *(const uint32_t *)&lo, u.y = *(const uint32_t *)&hi;
+      *(uint2 *)p = u;
+    } else {
+      p[0] = __float2bfloat16_rn(v[0]);
+    }
+  } else {
+    float *p = (float *)base + off;
+    if (vec)
+      *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    else
+      p[0] = v[0];
+  }
+}
+
+/* One block per (t, h). Warp 0 reduces the P lse values (max, then sum of exp); then
+ * every thread sweeps its 4 (or 1..4 scalar) output values over the P partial rows,
+ * MERGE_UNROLL independent 16-byte loads in flight: a T=1 N=16 P=32 combine is a few
+ * L2 round trips, not P of them. A partial with lse = -inf is never read: its load is
+ * pointed at a partial that is read anyway and its contribution is selected away. */
+template <int VEC>
+__global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const smla_cuda_merge_args a) {
+  constexpr int vec = VEC, step = VEC ? 4 : 1, nc = VEC ? 1 : 4;
+  __shared__ float w_s[MERGE_CHUNK];
+  __shared__ int idx_s[MERGE_CHUNK];
+  __shared__ float lse_s, factor_s;
+  __shared__ int valid_s;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int64_t row = blockIdx.x;
+  const int64_t t = row / a.num_heads;
+  const int h = (int)(row % a.num_heads);
+  const float *lse_p = a.lse_p + t * a.lse_p_stride_t + h;
+  const float NEG_INF = -INFINITY;
+
+  if (tid < 32) {
+    float mx = NEG_INF;
+    int nan = 0, valid = -1;
+    for (int p = lane; p < a.num_partials; p += 32) {
+      const float l = lse_p[p * a.lse_p_stride_p];
+      mx = fmaxf(mx, l); /* skips NaN: counted apart so that it propagates */
+      nan |= l != l;
+      if (l != NEG_INF && valid < 0) valid = p;
+    }
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    nan = __any_sync(0xffffffffu, nan);
+    valid = __reduce_max_sync(0xffffffffu, (unsigned)(valid + 1)) - 1; /* some valid one */
+    float lse = NEG_INF;
+    if (nan) {
+      lse = NAN;
+    } else if (mx != NEG_INF) {
+      float sum = 0.0f;
+      for (int p = lane; p < a.num_partials; p += 32) {
+        const float l = lse_p[p * a.lse_p_stride_p];
+        if (l != NEG_INF) sum += expf(l - mx);
+      }
+      for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      lse = mx + logf(sum);
+    }
+    float m = NEG_INF;
+    if (a.max_p && a.max_logit)
+      for (int p = lane; p < a.num_partials; p += 32)
+        m = fmax_nan(m, a.max_p[t * a.max_p_stride_t + h + p * a.max_p_stride_p]);
+    for (int o = 16; o; o >>= 1) m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) {
+      lse_s = lse;
+      factor_s = a.sink && lse != NEG_INF ? 1.0f / (1.0f + expf(a.sink[h] - lse)) : 1.0f;
+      valid_s = valid;
+      if (a.lse) a.lse[t * a.lse_stride_t + h] = lse;
+      if (a.max_p && a.max_logit) a.max_logit[t * a.max_logit_stride_t + h] = m;
+    }
+  }
+  __syncthreads();
+  const float lse = lse_s, factor = factor_s;
+  const int64_t out_off = t * a.out_stride_t + (int64_t)h * a.out_stride_h;
+  const int64_t in_off = t * a.out_p_stride_t + (int64_t)h * a.out_p_stride_h;
+  float acc[4][4];
+#pragma unroll
+  for (int c = 0; c < 4; c++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[c][i] = 0.0f;
+  /* This thread's values: d = step * tid + 128 * step * c, c < nc (dv <= 512). */
+  if (lse != NEG_INF) {
+    for (int p0 = 0; p0 < a.num_partials; p0 += MERGE_CHUNK) {
+      const int n = min(MERGE_CHUNK, a.num_partials - p0);
+      for (int i = tid; i < n; i += MERGE_THREADS) {
+        const float l = lse_p[(p0 + i) * a.lse_p_stride_p];
+        const bool skip = l == NEG_INF;
+        w_s[i] = skip ? -1.0f : expf(l - lse); /* -1: contributes nothing (NaN stays) */
+        idx_s[i] = skip ? valid_s : p0 + i;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int c = 0; c < nc; c++) {
+        const int d0 = step * tid + MERGE_THREADS * step * c;
+        if (d0 >= a.dv) break;
+        int i = 0;
+        for (; i + MERGE_UNROLL <= n; i += MERGE_UNROLL) {
+          float v[MERGE_UNROLL][4];
+#pragma unroll
+          for (int u = 0; u < MERGE_UNROLL; u++)
+            load4(a.out_p, a.out_p_bf16, in_off + idx_s[i + u] * a.out_p_stride_p + d0, vec, v[u]);
+#pragma unroll
+          for (int u = 0; u < MERGE_UNROLL; u++) {
+            const float w = w_s[i + u];
+#pragma unroll
+            for (int e = 0; e < step; e++) acc[c][e] += w < 0.0f ? 0.0f : w * v[u][e];
+          }
+        }
+        for (; i < n; i++) {
+          float v[4];
+          load4(a.out_p, a.out_p_bf16, in_off + idx_s[i] * a.out_p_stride_p + d0, vec, v);
+          const float w = w_s[i];
+#pragma unroll
+          for (int e = 0; e < step; e++) acc[c][e] += w < 0.0f ? 0.0f : w * v[e];
+        }
+      }
+      __syncthreads();
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < nc; c++) {
+    const int d0 = step * tid + MERGE_THREADS * step * c;
+    if (d0 >= a.dv) break;
+#pragma unroll
+    for (int e = 0; e < step; e++) acc[c][e] *= factor;
+    store4(a.out, a.out_bf16, out_off + d0, vec, acc[c]);
+  }
+}
+
+static int aligned4(const void *p, int64_t elem_bytes, int64_t s0, int64_t s1, int64_t s2) {
+  const int64_t q = 4 * elem_bytes;
+  return ((uintptr_t)p % (uintptr_t)q) == 0 && (s0 * elem_bytes) % q == 0 &&
+         (s1 * elem_bytes) % q == 0 && (s2 * elem_bytes) % q == 0;
+}
+
+extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stream) {
+  const int64_t blocks = a->num_tokens * a->num_heads; /* one per (t, h) */
+  if (blocks <= 0) return cudaSuccess;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const int vec = a->dv % 4 == 0 &&
+                  aligned4(a->out_p, a->out_p_bf16 ? 2 : 4, a->out_p_stride_p,
+                           a->out_p_stride_t, a->out_p_stride_h) &&
+                  aligned4(a->out, a->out_bf16 ? 2 : 4, 0, a->out_stride_t, a->out_stride_h);
+  if (vec)
+    merge_kernel<1><<<(unsigned)blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
+  else
+    merge_kernel<0><<<(unsigned)blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
+  return cudaGetLastError();
+}

@@ -1,0 +1,253 @@
+/*
+ * cases_forward_more.c: forward cases about plans and runs rather than the formula:
+ * forced num_splits, caller workspace, T below max_tokens, batch invariance, determinism
+ * and concurrent contexts.
+ */
+#include "fwd.h"
+
+#include "devmem.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int setup(t_case *tc, fwd_problem *pb, int64_t T, int N, int K, int dr,
+                 smla_cache_format f, int random_lengths) {
+  fwd_defaults(pb, T, N, K, dr, f);
+  fwd_make_inputs(pb);
+  if (random_lengths) { /* row 0 full, the others random in [1, K] */
+    pb->use_lengths = 1;
+    for (int64_t t = 1; t < T; t++) pb->lengths[t] = (int32_t)t_rng_int(1, K);
+  }
+  return fwd_make_cache(tc, pb);
+}
+
+/* Forced num_splits 1, 3 and 7 (K = 2048: 7 splits of ~293 entries, none a multiple of a
+ * tile) each match the reference, and 3 and 7 match 1 within the out/lse tolerance: a
+ * split changes the summation order, not the result. The CPU ignores num_splits (its
+ * description says so); on CUDA each forced split count is checked against the CPU. */
+static void c_num_splits(t_case *tc) {
+  fwd_problem pb;
+  fwd_defaults(&pb, 2, 16, 2048, 64, SMLA_CACHE_BF16);
+  fwd_make_inputs(&pb);
+  pb.use_lengths = 1;
+  pb.lengths[1] = 1500; /* a row whose last split is partial */
+  if (fwd_make_cache(tc, &pb) == 0) {
+    fwd_ref ref;
+    fwd_reference(&pb, &ref);
+    static const int splits[3] = {1, 3, 7};
+    fwd_result cpu[3];
+    int cpu_ok[3] = {0, 0, 0};
+    for (int b = 0; b < g_num_backends; b++) {
+      if (!t_on(tc, b)) continue;
+      fwd_result res[3];
+      int ok[3];
+      char what[96];
+      for (int i = 0; i < 3; i++) {
+        pb.num_splits = splits[i];
+        ok[i] = fwd_exec(tc, &pb, &res[i]);
+        if (!ok[i]) continue;
+        snprintf(what, sizeof what, "reference (num_splits %d)", splits[i]);
+        fwd_check(tc, &pb, &res[i], &ref, what);
+        if (b != T_CPU && cpu_ok[i]) {
+          fwd_ref cr;
+          fwd_as_ref(&pb, &cpu[i], &cr);
+          snprintf(what, sizeof what, "cpu backend (num_splits %d)", splits[i]);
+          fwd_check(tc, &pb, &res[i], &cr, what);
+          fwd_ref_free(&cr);
+        }
+      }
+      if (ok[0]) {
+        fwd_ref r1;
+        fwd_as_ref(&pb, &res[0], &r1);
+        for (int i = 1; i < 3; i++) {
+          if (!ok[i]) continue;
+          snprintf(what, sizeof what, "num_splits 1 (this is num_splits %d)", splits[i]);
+          fwd_check(tc, &pb, &res[i], &r1, what);
+        }
+        fwd_ref_free(&r1);
+      }
+      for (int i = 0; i < 3; i++) {
+        if (!ok[i]) continue;
+        if (b == T_CPU) {
+          cpu[i] = res[i];
+          cpu_ok[i] = 1;
+        } else {
+          fwd_result_free(&res[i]);
+        }
+      }
+    }
+    for (int i = 0; i < 3; i++)
+      if (cpu_ok[i]) fwd_result_free(&cpu[i]);
+    fwd_ref_free(&ref);
+  }
+  fwd_free(&pb);
+}
+
+/* A plan on a caller workspace of exactly smla_plan_workspace_size bytes runs the forward
+ * (fwd_run), and the plan refuses a workspace one byte smaller (SMLA_ERR_WORKSPACE) or one
+ * that is not 256-byte aligned (SMLA_ERR_MISALIGNED), without creating a plan. */
+static void c_caller_workspace(t_case *tc) {
+  fwd_problem pb;
+  if (setup(tc, &pb, 3, 16, 512, 64, SMLA_CACHE_FP8_DS, 1) == 0) {
+    pb.caller_workspace = 1;
+    fwd_run(tc, &pb);
+    smla_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.max_tokens = pb.max_tokens;
+    d.num_heads = pb.N;
+    d.topk = pb.K;
+    d.dr = pb.dr;
+    d.format = pb.format;
+    for (int b = 0; b < g_num_backends; b++) {
+      smla_context *ctx = t_on(tc, b);
+      if (!ctx) continue;
+      size_t bytes = 0;
+      if (!t_expect_ok(tc, smla_plan_workspace_size(ctx, &d, &bytes), ctx,
+                       "smla_plan_workspace_size"))
+        continue;
+      char *ws = t_alloc(tc, bytes + 512);
+      if (!ws) continue;
+      smla_plan *plan = (smla_plan *)&pb; /* not NULL: must be cleared on failure */
+      if (bytes > 0) {
+        t_expect_status(tc, smla_plan_create(ctx, &d, ws, bytes - 1, &plan), SMLA_ERR_WORKSPACE,
+                        ctx, "workspace", "workspace one byte too small");
+        t_expect(tc, plan == NULL, "failed smla_plan_create left *plan non-NULL");
+        if (plan && plan != (smla_plan *)&pb) smla_plan_destroy(plan);
+      } else {
+        t_expect(tc, 1, "no workspace needed");
+      }
+      plan = (smla_plan *)&pb;
+      t_expect_status(tc, smla_plan_create(ctx, &d, ws + 16, bytes + 256, &plan),
+                      SMLA_ERR_MISALIGNED, ctx, "workspace", "workspace 16 bytes off alignment");
+      t_expect(tc, plan == NULL, "failed smla_plan_create left *plan non-NULL");
+      if (plan && plan != (smla_plan *)&pb) smla_plan_destroy(plan);
+      t_free(tc, ws);
+    }
+  }
+  fwd_free(&pb);
+}
+
+/* A plan made for up to 64 rows serves a forward of 5. */
+static void c_t_below_max(t_case *tc) {
+  fwd_problem pb;
+  if (setup(tc, &pb, 5, 16, 512, 64, SMLA_CACHE_BF16, 1) == 0) {
+    pb.max_tokens = 64;
+    fwd_run(tc, &pb);
+  }
+  fwd_free(&pb);
+}
+
+/* SMLA_PLAN_BATCH_INVARIANT: row 0's outputs are bitwise the same whether it runs in a
+ * batch of 6 rows (of different lengths) or alone (T = 1, same plan shape). */
+static void c_batch_invariant(t_case *tc) {
+  fwd_problem pb;
+  if (setup(tc, &pb, 6, 16, 1024, 64, SMLA_CACHE_FP8_DS, 1) == 0) {
+    pb.flags = SMLA_PLAN_BATCH_INVARIANT;
+    fwd_run(tc, &pb);
+    for (int b = 0; b < g_num_backends; b++) {
+      if (!t_on(tc, b)) continue;
+      fwd_result all, one;
+      if (!fwd_exec(tc, &pb, &all)) continue;
+      pb.T = 1; /* row 0 is a prefix of every buffer */
+      const int ok = fwd_exec(tc, &pb, &one);
+      pb.T = 6;
+      if (ok) {
+        t_check_same(tc, "row 0 out, T=6 vs T=1", all.out, one.out,
+                     (size_t)t_span(pb.N, pb.out_sh, SMLA_DC) * 2);
+        t_check_same(tc, "row 0 lse, T=6 vs T=1", all.lse, one.lse, (size_t)pb.N * 4);
+        t_check_same(tc, "row 0 max_logit, T=6 vs T=1", all.ml, one.ml, (size_t)pb.N * 4);
+        fwd_result_free(&one);
+      }
+      fwd_result_free(&all);
+    }
+  }
+  fwd_free(&pb);
+}
+
+/* The same forward twice (on the same plan, and on a fresh plan) gives bitwise identical
+ * out, lse, max_logit and bad_inputs, on every backend. */
+static void c_determinism(t_case *tc) {
+  fwd_problem pb;
+  if (setup(tc, &pb, 4, 16, 2048, 64, SMLA_CACHE_FP8_DS, 1) == 0) {
+    pb.repeat = 2;
+    pb.use_sink = 1;
+    fwd_slot_row(&pb, 2)[5] = -7; /* one bad entry, so the counter is exercised */
+    fwd_run(tc, &pb);
+  }
+  fwd_free(&pb);
+}
+
+/* ---- 4 threads, each with its own CPU context and plan, at the same time ---------------- */
+
+#define THREADS 4
+
+typedef struct {
+  const fwd_problem *pb;
+  pthread_barrier_t *start;
+  fwd_result res;
+  smla_status status;
+  char err[512];
+} worker;
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  smla_context *ctx = NULL;
+  w->status = smla_context_create(&ctx, SMLA_DEVICE_CPU);
+  pthread_barrier_wait(w->start); /* every thread reaches the forward together */
+  if (w->status == SMLA_OK) w->status = fwd_exec_host(ctx, w->pb, &w->res, w->err, sizeof w->err);
+  else snprintf(w->err, sizeof w->err, "smla_context_create: %s", smla_status_string(w->status));
+  smla_context_destroy(ctx);
+  return NULL;
+}
+
+static void c_concurrency(t_case *tc) {
+  fwd_problem pb;
+  if (setup(tc, &pb, 4, 16, 1024, 64, SMLA_CACHE_BF16, 1) == 0) {
+    pb.use_sink = 1;
+    t_on(tc, T_CPU);
+    fwd_result single;
+    if (fwd_exec(tc, &pb, &single)) {
+      fwd_ref ref;
+      fwd_reference(&pb, &ref);
+      fwd_check(tc, &pb, &single, &ref, "reference (single run)");
+      fwd_ref_free(&ref);
+      pthread_barrier_t start;
+      pthread_barrier_init(&start, NULL, THREADS);
+      worker w[THREADS];
+      pthread_t tid[THREADS];
+      int started[THREADS];
+      for (int i = 0; i < THREADS; i++) {
+        memset(&w[i], 0, sizeof w[i]);
+        w[i].pb = &pb;
+        w[i].start = &start;
+        started[i] = pthread_create(&tid[i], NULL, worker_main, &w[i]) == 0;
+        if (!started[i]) { /* the barrier would never open: give up on the case */
+          fprintf(stderr, "test_smla: pthread_create failed\n");
+          exit(2);
+        }
+      }
+      for (int i = 0; i < THREADS; i++) pthread_join(tid[i], NULL);
+      pthread_barrier_destroy(&start);
+      for (int i = 0; i < THREADS; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "thread %d vs the single run", i);
+        if (t_expect(tc, w[i].status == SMLA_OK, "thread %d: %s", i, w[i].err))
+          fwd_check_same(tc, &pb, &single, &w[i].res, what);
+        fwd_result_free(&w[i].res);
+      }
+      fwd_result_free(&single);
+    }
+  }
+  fwd_free(&pb);
+}
+
+void t_register_forward_more_cases(void) {
+  t_register("forward_num_splits_1_3_7", c_num_splits);
+  t_register("forward_caller_workspace", c_caller_workspace);
+  t_register("forward_T_below_max_tokens", c_t_below_max);
+  t_register("forward_batch_invariant", c_batch_invariant);
+  t_register("forward_determinism", c_determinism);
+  t_register("forward_concurrency_4_threads", c_concurrency);
+}

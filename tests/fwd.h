@@ -1,0 +1,112 @@
+/*
+ * fwd.h: one forward problem (shapes, layout, host inputs, plan options), built from
+ * random data, and the runner that checks it on every backend against the reference.
+ *
+ * Life of a forward case:
+ *   fwd_problem pb;  fwd_defaults(&pb, T, N, K, dr, format);   // dense layout, all on
+ *   ...set strides, use_lengths, softcap, plan options...
+ *   fwd_make_inputs(tc, &pb);          // q (gaps NaN), slots in [0, S), lengths = K, sink
+ *   ...edit pb.slots / pb.lengths / q...
+ *   fwd_make_cache(tc, &pb);           // used rows: random bf16 via smla_cache_write on the
+ *                                      // CPU; every other row (and scale) NaN
+ *   fwd_run(tc, &pb);                  // ref + every backend, checks, bitwise repeat
+ *   fwd_free(&pb);
+ */
+#ifndef SMLA_TEST_FWD_H
+#define SMLA_TEST_FWD_H
+
+#include "harness.h"
+
+#define FWD_DESCRIBE_BYTES 256
+
+typedef struct {
+  /* shapes */
+  int64_t T;
+  int N, K, dr;
+  smla_cache_format format;
+  int64_t S;                 /* cache slots */
+  int64_t row_bytes;         /* >= the format's row size */
+  float scale;               /* FP8_TENSOR cache scale */
+  /* layout, in elements. q_concat: q_pe lives in q_nope's buffer at offset 512 (one
+   * [T][N][512 + dr] q); qn_* then describe that buffer and qp_* are set equal. */
+  int q_concat;
+  int64_t qn_st, qn_sh, qp_st, qp_sh;
+  int64_t slots_stride, out_st, out_sh, lse_st, ml_st;
+  /* op options */
+  float sm_scale, softcap;
+  int use_lengths, use_sink;          /* pass lengths / sink (else NULL) */
+  int want_lse, want_ml, want_bad;    /* pass lse / max_logit / bad_inputs (else NULL) */
+  /* plan options */
+  int64_t max_tokens;                 /* the plan's max T (>= T) */
+  int num_splits;                     /* 0: the plan picks */
+  uint32_t flags;
+  int caller_workspace;               /* 1: workspace from smla_plan_workspace_size */
+  int repeat;                         /* >= 2: run again on the same plan and on a new
+                                         plan; outputs must be bitwise equal */
+  /* host data (fwd_make_inputs, fwd_make_cache) */
+  uint16_t *qn_buf;                   /* q_nope (and q_pe when q_concat) */
+  int64_t qn_elems;
+  uint16_t *qp_buf;                   /* q_pe, own buffer (NULL when concat or dr == 0) */
+  int64_t qp_elems;
+  int32_t *slots;                     /* span(T, slots_stride, K) */
+  int64_t slots_elems;
+  int32_t *lengths;                   /* [T] */
+  float *sink;                        /* [N] */
+  uint8_t *cache;                     /* [S][row_bytes] */
+} fwd_problem;
+
+/* Dense layout, BF16-style defaults: S = 2K + 61 (>= 128), sm_scale = 6 / sqrt(Dqk)
+ * (peaked, not one-hot, for q and latent uniform in [-1, 1]), lse + max_logit + bad on. */
+void fwd_defaults(fwd_problem *pb, int64_t T, int N, int K, int dr, smla_cache_format format);
+void fwd_make_inputs(fwd_problem *pb);
+/* Returns 0, or -1 after recording a failure (smla_cache_write on the CPU failed). */
+int fwd_make_cache(t_case *tc, fwd_problem *pb);
+void fwd_free(fwd_problem *pb);
+
+/* Element pointers into the host inputs. */
+uint16_t *fwd_q_nope(fwd_problem *pb, int64_t t, int h);
+uint16_t *fwd_q_pe(fwd_problem *pb, int64_t t, int h);
+int32_t *fwd_slot_row(fwd_problem *pb, int64_t t);
+
+/* Dense reference results. */
+typedef struct {
+  double *out;       /* [T][N][512] */
+  double *lse, *ml;  /* [T][N] */
+  uint64_t bad;
+} fwd_ref;
+void fwd_reference(const fwd_problem *pb, fwd_ref *r);
+void fwd_ref_free(fwd_ref *r);
+
+/* What one backend produced: the raw strided output buffers, downloaded. */
+typedef struct {
+  uint16_t *out;  int64_t out_elems;
+  float *lse;     int64_t lse_elems;
+  float *ml;      int64_t ml_elems;
+  uint64_t bad;
+  char describe[FWD_DESCRIBE_BYTES]; /* smla_plan_describe of the plan used */
+  /* pb->repeat >= 2: the same forward again on the same plan, outputs re-poisoned */
+  uint16_t *out2;
+  float *lse2, *ml2;
+  uint64_t bad2;
+} fwd_result;
+void fwd_result_free(fwd_result *r);
+
+/* Runs pb once on the backend checks are charged to (plan, upload, poison, forward,
+ * download). Returns 1 on success; on failure records it and returns 0. */
+int fwd_exec(t_case *tc, const fwd_problem *pb, fwd_result *res);
+/* Same on an explicit host (CPU) context without charging a case: for worker threads.
+ * Returns SMLA_OK or the failing status (err says what failed). */
+smla_status fwd_exec_host(smla_context *ctx, const fwd_problem *pb, fwd_result *res,
+                          char *err, size_t err_bytes);
+/* Checks a result against a reference (r may come from fwd_reference or fwd_as_ref). */
+void fwd_check(t_case *tc, const fwd_problem *pb, const fwd_result *res, const fwd_ref *r,
+               const char *against);
+/* A backend's result widened into a fwd_ref, to compare one backend with another. */
+void fwd_as_ref(const fwd_problem *pb, const fwd_result *res, fwd_ref *r);
+/* Bitwise equality of two results (determinism, concurrency). */
+void fwd_check_same(t_case *tc, const fwd_problem *pb, const fwd_result *a,
+                    const fwd_result *b, const char *what);
+/* The whole check on every backend: ref, each backend vs ref, CUDA also vs CPU, repeat. */
+void fwd_run(t_case *tc, fwd_problem *pb);
+
+#endif /* SMLA_TEST_FWD_H */
