@@ -2,10 +2,10 @@
 # One device call that does everything a GPU change needs, logs under $OUT (or ./.out):
 # (8 files at most come back) build, the whole test driver (CPU + GPU), compute-sanitizer over it, and the benchmark
 # presets with their JSON records. Prints a short summary last.
-#   scripts/device_check.sh [steps...]   (default: build test sanitize bench)
+#   scripts/device_check.sh [steps...]   (default: build test bench sanitize)
 set -u
 O=${OUT:-.out}; mkdir -p "$O"
-steps=${*:-build test sanitize bench}
+steps=${*:-build test bench sanitize}
 has() { case " $steps " in *" $1 "*) return 0;; esac; return 1; }
 { nvidia-smi -L; nvcc --version | tail -1; git rev-parse --short HEAD 2>/dev/null; } >"$O/env.txt" 2>&1
 export SMLA_GIT_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -19,16 +19,16 @@ if has test; then
   summary+=("test_smla: rc $rc, $(tail -1 "$O/test.log") ($(( $(date +%s) - t )) s)")
   grep -E "^FAIL|stress_cuda|GPU tests" "$O/test.log" | head -30
 fi
-if has sanitize; then
-  t=$(date +%s)
-  SANITIZER_LOG_DIR=/tmp/san timeout 420 scripts/sanitize_gpu.sh build/test_smla >"$O/sanitize.log" 2>&1
-  rc=$?
-  summary+=("sanitize: rc $rc ($(( $(date +%s) - t )) s): $(grep -E 'ok|FAILED|clean' "$O/sanitize.log" | tr '\n' ';')")
-fi
 if has bench; then
   build/smla bench --preset decode --json "$O/decode.json" >"$O/bench_decode.txt" 2>&1
   build/smla bench --preset prefill --json "$O/prefill.json" >"$O/bench_prefill.txt" 2>&1
   build/smla bench --preset decode --format fp8_ds -N 16,128 -T 1,16,64 >"$O/bench_fp8ds.txt" 2>&1
   cut -c1-110 "$O/bench_decode.txt" "$O/bench_prefill.txt" | grep -vE "^\s*$" | head -60
+fi
+if has sanitize; then
+  t=$(date +%s)
+  SANITIZER_LOG_DIR=/tmp/san timeout ${SAN_TIMEOUT:-240} scripts/sanitize_gpu.sh build/test_smla >"$O/sanitize.log" 2>&1
+  rc=$?
+  summary+=("sanitize: rc $rc ($(( $(date +%s) - t )) s): $(grep -E 'ok|FAILED|clean' "$O/sanitize.log" | tr '\n' ';')")
 fi
 printf '%s\n' "${summary[@]}"
