@@ -2,6 +2,8 @@
 """bench/table.py: a `smla bench --json` record -> the markdown table of bench/RESULTS.md.
 
 usage: bench/table.py bench.json [--full-path]"""
+import json
+import sys
 d = json.load(open(sys.argv[1]))
 rows = d['rows']
 gpu = rows[0].get('pct_roofline') is not None and rows[0]['pct_roofline'] == rows[0]['pct_roofline'] and rows[0]['pct_roofline'] >= 0

@@ -8,7 +8,8 @@ O=${OUT:-.out}; mkdir -p "$O"
 steps=${*:-build test bench sanitize}
 has() { case " $steps " in *" $1 "*) return 0;; esac; return 1; }
 { nvidia-smi -L; nvcc --version | tail -1; git rev-parse --short HEAD 2>/dev/null; } >"$O/env.txt" 2>&1
-export SMLA_GIT_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# The device has no git: pass SMLA_GIT_COMMIT=$(git rev-parse --short HEAD) from here.
+export SMLA_GIT_COMMIT=${SMLA_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 summary=()
 if has build; then
   t=$(date +%s); make -j16 all >/tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
