@@ -243,8 +243,8 @@ const char *smla_plan_describe(const smla_plan *plan);
  *   lse[t][h] = m + log Z (natural log, sink excluded); max_logit[t][h] = m.
  * A row with no used entry: out = 0, lse = max_logit = -inf. Duplicates count each time.
  * Entries >= S or < -1 inside lengths[t] are masked and counted in bad_inputs; entries
- * past lengths[t] are not read. NaN/Inf in q or in a used cache row propagate to that
- * row's out (never out-of-bounds).
+ * past lengths[t] are not read. A NaN logit (NaN in q or in a used cache row) makes that
+ * (t, h)'s out, lse and max_logit NaN; nothing reads out of bounds.
  * ------------------------------------------------------------------------------------- */
 typedef struct smla_forward_params {
   int64_t num_tokens;            /* T >= 0 (T == 0: nothing to do) */
