@@ -131,7 +131,9 @@ typedef struct smla_context smla_context;
 
 /* Creates a context for the CPU (device = SMLA_DEVICE_CPU) or CUDA device `device`
  * (an ordinal >= 0). Returns SMLA_ERR_NO_CUDA when the library was built without CUDA,
- * SMLA_ERR_NO_DEVICE when there is no such GPU. *ctx is NULL on failure. */
+ * SMLA_ERR_NO_DEVICE when there is no such GPU. *ctx is NULL on failure, so there is no
+ * context message: smla_cuda_device_name(device, ...) then says why (e.g. the CUDA
+ * runtime's answer: no driver, driver too old). */
 smla_status smla_context_create(smla_context **ctx, int device);
 /* Frees the context; NULL is a no-op. Destroy its plans first. */
 void smla_context_destroy(smla_context *ctx);

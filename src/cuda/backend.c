@@ -77,8 +77,16 @@ int smla_cuda_count(void) {
 }
 
 smla_status smla_cuda_name(int device, char *buf, size_t buf_bytes) {
-  if (device < 0 || device >= smla_cuda_count()) {
-    snprintf(buf, buf_bytes, "no CUDA device %d", device);
+  int n = 0;
+  const cudaError_t ce = cudaGetDeviceCount(&n);
+  if (ce != cudaSuccess) { /* say why: no driver, driver too old, ... */
+    (void)cudaGetLastError();
+    snprintf(buf, buf_bytes, "no CUDA device %d (cudaGetDeviceCount: %s)", device,
+             cudaGetErrorString(ce));
+    return SMLA_ERR_NO_DEVICE;
+  }
+  if (device < 0 || device >= n) {
+    snprintf(buf, buf_bytes, "no CUDA device %d (%d visible)", device, n);
     return SMLA_ERR_NO_DEVICE;
   }
   struct cudaDeviceProp prop;
