@@ -2,8 +2,8 @@
  * smla.h: sparse MLA attention (DeepSeek Sparse Attention) for inference engines.
  *
  * This header is the manual. It is the only public header of the library; everything
- * under src/ is private. The contract every backend implements is docs/spec.md (a copy
- * of the project's SPEC with the choices this library made where the SPEC is silent).
+ * under src/ is private. The contract every backend implements is the project SPEC as
+ * summarized op by op below; docs/spec-choices.md lists what smla does where it is silent.
  *
  * Quick start (one decode step, from C):
  *
@@ -27,12 +27,14 @@
  *   except a plan's own workspace when the plan was asked to allocate it.
  * - Streams: every call that launches work takes `stream` (a cudaStream_t, NULL = the
  *   legacy default stream). It is ignored on the CPU, where calls run to completion
- *   before they return. Launching calls never synchronize, never allocate and never read
- *   device data on the host, so they can be captured in a CUDA graph.
+ *   before they return. On a CUDA context, launching calls never synchronize, never
+ *   allocate and never read device data on the host, so they can be captured in a CUDA
+ *   graph. (The CPU backend allocates no memory either, but starts its worker threads per
+ *   call.)
  * - Strides are in elements of the tensor's own type, one per outer dimension; the last
  *   dimension is contiguous. A stride is checked only when its dimension has more than one
  *   element: it must be at least the extent of the dimensions inside it (no overlap).
- * - Alignment: bf16 tensors (q_nope, q_pe, out, kv_c, k_pe) must start 16-byte aligned
+ * - Alignment: bf16 tensors of forward and cache write (q_nope, q_pe, out, kv_c, k_pe) must start 16-byte aligned
  *   and have strides that are multiples of 8 elements; cache data must be 16-byte aligned
  *   with row_bytes a multiple of 16; int32/int64/float arrays naturally aligned.
  * - Params structs: zero-initialize them ({0} or memset) and set what you use. Fields may
@@ -63,7 +65,7 @@ extern "C" {
 /* The version the library was built as (SMLA_VERSION_NUMBER of its header). */
 unsigned smla_version(void);
 const char *smla_version_string(void);
-/* Build features, e.g. "cpu threads cuda sm_80 sm_90a" or "cpu threads". Static string. */
+/* Build features, e.g. "cpu threads cuda sm_80 sm_90" or "cpu threads". Static string. */
 const char *smla_build_features(void);
 
 /* ---------------------------------------------------------------------------------------
@@ -229,6 +231,9 @@ smla_status smla_plan_workspace_size(smla_context *ctx, const smla_plan_desc *de
  * harm is done). Make plans before capture; forward is what gets captured. */
 smla_status smla_plan_create(smla_context *ctx, const smla_plan_desc *desc, void *workspace,
                              size_t workspace_bytes, smla_plan **plan);
+/* A plan's workspace holds the split-KV partials of the forward in flight: forwards on
+ * one plan must be ordered (one stream, or events between streams). To overlap two
+ * batches on two streams, make one plan for each. */
 /* Frees the plan (and its own workspace); NULL is a no-op. */
 void smla_plan_destroy(smla_plan *plan);
 /* Which path the plan chose and why, e.g.

@@ -127,9 +127,9 @@ const char *smla_context_message(const smla_context *ctx) {
 
 smla_status smla_context_set_num_threads(smla_context *ctx, int num_threads) {
   if (!ctx) return SMLA_ERR_INVALID_ARGUMENT;
-  if (num_threads < 0 || num_threads > 1024)
+  if (num_threads < 0 || num_threads > 256)
     return smla_set_error(ctx, SMLA_ERR_INVALID_ARGUMENT,
-                          "smla_context_set_num_threads: num_threads = %d, must be 0..1024",
+                          "smla_context_set_num_threads: num_threads = %d, must be 0..256",
                           num_threads);
   ctx->num_threads = num_threads == 0 ? online_cores() : num_threads;
   return SMLA_OK;
@@ -148,8 +148,13 @@ static smla_status need_ptr(smla_context *ctx, const char *fn, const char *name,
   return SMLA_OK;
 }
 
-/* No tensor is 2^40 elements apart: a larger stride is garbage (and would overflow). */
+/* A row is at most 1 MiB: with S < 2^31 slots, slot * row_bytes stays below 2^51. */
+#define ROW_BYTES_MAX (1LL << 20)
+
+/* No tensor is 2^40 elements apart, nor spans 2^48: larger is garbage, and the index
+ * arithmetic (int64, times an element size) must not overflow. */
 #define STRIDE_MAX (1LL << 40)
+#define SPAN_MAX (1LL << 48)
 
 /* A stride of a dimension of `count` elements must reach past the `inner` elements inside. */
 static smla_status need_stride(smla_context *ctx, const char *fn, const char *name,
@@ -158,6 +163,9 @@ static smla_status need_stride(smla_context *ctx, const char *fn, const char *na
   if (stride > STRIDE_MAX)
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: %s = %lld is beyond 2^40 elements", fn, name,
          (long long)stride);
+  if (stride > SPAN_MAX / (count - 1))
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: %s = %lld over %lld rows spans beyond 2^48 elements",
+         fn, name, (long long)stride, (long long)count);
   if (stride < inner)
     FAIL(SMLA_ERR_INVALID_ARGUMENT,
          "%s: %s = %lld is smaller than the %lld elements it must step over (rows would overlap)",
@@ -197,6 +205,9 @@ static smla_status check_cache(smla_context *ctx, const char *fn, const smla_cac
   if (c->row_bytes < need)
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: cache.row_bytes = %lld is smaller than the %lld bytes "
          "of a row of this format", fn, (long long)c->row_bytes, (long long)need);
+  if (c->row_bytes > ROW_BYTES_MAX)
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: cache.row_bytes = %lld is beyond 1 MiB", fn,
+         (long long)c->row_bytes);
   if (c->row_bytes % 16)
     FAIL(SMLA_ERR_MISALIGNED, "%s: cache.row_bytes = %lld is not a multiple of 16", fn,
          (long long)c->row_bytes);
@@ -235,10 +246,15 @@ static smla_status check_convert(smla_context *ctx, const smla_convert_params *p
                     p->blocks_per_request, 1));
   CHECK(need_stride(ctx, fn, "local_stride", p->local_stride, p->num_tokens, p->topk, 1));
   CHECK(need_stride(ctx, fn, "slots_stride", p->slots_stride, p->num_tokens, p->topk, 1));
-  if ((const void *)p->slots == (const void *)p->local &&
-      (p->compact || p->slots_stride != p->local_stride))
-    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: slots aliases local; allowed only with compact = 0 "
-         "and equal strides", fn);
+  /* In place is fine entry by entry (same pointer, same stride, no compaction); any other
+   * overlap would overwrite entries not read yet. */
+  const int same = (const void *)p->slots == (const void *)p->local &&
+                   p->slots_stride == p->local_stride && !p->compact;
+  const int32_t *s0 = p->slots, *s1 = p->slots + span(p->num_tokens, p->slots_stride, p->topk);
+  const int32_t *l0 = p->local, *l1 = p->local + span(p->num_tokens, p->local_stride, p->topk);
+  if (!same && s0 < l1 && l0 < s1)
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: slots aliases (overlaps) local; in place is allowed only with "
+         "the same pointer, equal strides and compact = 0", fn);
   return SMLA_OK;
 }
 

@@ -31,6 +31,10 @@ SIMPLE(c_n1, 3, 1, 256, 64, SMLA_CACHE_BF16)
 SIMPLE(c_n8, 3, 8, 256, 64, SMLA_CACHE_BF16)
 SIMPLE(c_n16, 3, 16, 256, 64, SMLA_CACHE_BF16)
 SIMPLE(c_n64, 2, 64, 256, 64, SMLA_CACHE_BF16)
+/* N = 24, 32, 96: the 32-heads-per-block kernels and padded head rows past N. */
+SIMPLE(c_n24, 3, 24, 256, 64, SMLA_CACHE_BF16)
+SIMPLE(c_n32, 3, 32, 256, 64, SMLA_CACHE_FP8_DS)
+SIMPLE(c_n96, 2, 96, 256, 0, SMLA_CACHE_BF16)
 SIMPLE(c_n128, 2, 128, 128, 64, SMLA_CACHE_FP8_DS)
 SIMPLE(c_t1, 1, 16, 1024, 64, SMLA_CACHE_BF16)
 /* Production shapes: DeepSeek-V3.2 TP1 decode (N = 128, K = 2048, FlashMLA's FP8 layout),
@@ -312,6 +316,9 @@ void t_register_forward_cases(void) {
   t_register("forward_N_8", c_n8);
   t_register("forward_N_16", c_n16);
   t_register("forward_N_64", c_n64);
+  t_register("forward_N_24", c_n24);
+  t_register("forward_N_32_fp8_ds", c_n32);
+  t_register("forward_N_96_dr0", c_n96);
   t_register("forward_N_128_fp8_ds", c_n128);
   t_register("forward_T_1", c_t1);
   t_register("forward_T_64", c_t64);

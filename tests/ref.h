@@ -1,6 +1,6 @@
 /*
  * ref.h: an independent, naive double-precision reference of every smla operation, for the
- * tests only. It follows docs/spec.md (the SPEC) and the header's choices, and shares no
+ * tests only. It follows the project SPEC, docs/spec-choices.md and the header's choices, and shares no
  * code with the library: its bf16 and e4m3 codecs are written from the bit fields here
  * (src/numerics.h is deliberately not used), and it favours being obviously right over
  * being fast.
