@@ -312,6 +312,9 @@ static smla_status check_merge(smla_context *ctx, const smla_merge_params *p) {
       (p->out_dtype != SMLA_DTYPE_BF16 && p->out_dtype != SMLA_DTYPE_F32))
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: out_p_dtype = %d / out_dtype = %d, must be "
          "SMLA_DTYPE_BF16 or SMLA_DTYPE_F32", fn, (int)p->out_p_dtype, (int)p->out_dtype);
+  if (p->num_tokens * p->num_heads > INT32_MAX)
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: num_tokens * num_heads = %lld, must be < 2^31", fn,
+         (long long)(p->num_tokens * p->num_heads));
   if (p->num_tokens == 0) return SMLA_OK;
   const size_t in_es = p->out_p_dtype == SMLA_DTYPE_F32 ? 4 : 2;
   const size_t out_es = p->out_dtype == SMLA_DTYPE_F32 ? 4 : 2;

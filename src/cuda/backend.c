@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 /* Device properties cached at context creation (ctx->backend_state). */
@@ -420,6 +421,12 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
       if (s > 1 && T * s > cap) cap = T * s;
     }
   }
+  /* The grid is (row, head group, split) in one dimension of at most 2^31-1 blocks. */
+  const int64_t grid_max = (cap > d->max_tokens ? cap : d->max_tokens) * c.groups;
+  if (grid_max > INT32_MAX)
+    return smla_set_error(ctx, SMLA_ERR_UNSUPPORTED, "%s: max_tokens = %lld needs %lld blocks "
+                          "per launch, beyond the 2^31-1 of one grid dimension", fn,
+                          (long long)d->max_tokens, (long long)grid_max);
   plan->num_splits = s_max;
   *workspace_bytes = (size_t)cap * partial_row_bytes(d->num_heads);
 
