@@ -58,7 +58,9 @@ struct smla_backend {
                              void *stream);
   smla_status (*merge)(smla_context *ctx, const smla_merge_params *p, void *stream);
   /* Fills plan->num_splits, heads_per_block, kernel, describe; sets *workspace_bytes.
-   * Called with plan->workspace == NULL first (sizing only). */
+   * Called once per smla_plan_workspace_size and smla_plan_create, before any workspace
+   * exists (plan->workspace == NULL). The CUDA one also sets the kernel's shared-memory
+   * attribute, so a size query has that (idempotent) side effect too. */
   smla_status (*plan_init)(smla_plan *plan, size_t *workspace_bytes);
   smla_status (*forward)(smla_plan *plan, const smla_forward_params *p, void *stream);
   smla_status (*alloc)(smla_context *ctx, size_t bytes, void **ptr);

@@ -1,6 +1,7 @@
 /* graph_cuda.c: see graph_cuda.h. */
 #include "graph_cuda.h"
 
+#include "numerics.h" /* bf16 of the random inputs and of out, as in harness.c */
 #include "smla.h"
 
 #include <cuda_runtime_api.h>
@@ -39,19 +40,6 @@ static unsigned rnd(void) { /* xorshift32 */
   return g_rng;
 }
 static float urand(void) { return (float)(rnd() >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
-
-static uint16_t to_bf16(float f) { /* round to nearest even; inputs are finite */
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t h) {
-  const uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 
 #define CU(call)                                                                             \
   do {                                                                                       \
@@ -96,7 +84,7 @@ static void compare(const uint16_t *out, const float *lse, const float *mx, cons
       const uint16_t *r = ro + ((size_t)t * G_N + h) * SMLA_DC;
       double err = 0.0, ref = 0.0;
       for (int d = 0; d < SMLA_DC; d++) {
-        const double a = from_bf16(o[d]), b = from_bf16(r[d]);
+        const double a = smla_bf16_to_f32(o[d]), b = smla_bf16_to_f32(r[d]);
         if (isnan(a) != isnan(b)) {
           fail("out NaN mismatch", t, h, a, b);
           break;
@@ -152,9 +140,9 @@ static void run_format(smla_cache_format format) {
 
   /* Inputs: q as one [T][N][576] buffer (q_pe points into it), cache rows written on both
    * backends by smla_cache_write, rows >= G_USED then overwritten with NaN bytes. */
-  for (size_t i = 0; i < q_elems; i++) h_q[i] = to_bf16(urand() * 2.0f);
-  for (size_t i = 0; i < (size_t)G_SLOTS * SMLA_DC; i++) h_kv[i] = to_bf16(urand());
-  for (size_t i = 0; i < (size_t)G_SLOTS * G_DR; i++) h_pe[i] = to_bf16(urand());
+  for (size_t i = 0; i < q_elems; i++) h_q[i] = smla_f32_to_bf16(urand() * 2.0f);
+  for (size_t i = 0; i < (size_t)G_SLOTS * SMLA_DC; i++) h_kv[i] = smla_f32_to_bf16(urand());
+  for (size_t i = 0; i < (size_t)G_SLOTS * G_DR; i++) h_pe[i] = smla_f32_to_bf16(urand());
   for (int i = 0; i < G_SLOTS; i++) h_slot[i] = i;
   CU(cudaMalloc(&d_q, q_elems * 2));
   CU(cudaMalloc(&d_kv, (size_t)G_SLOTS * SMLA_DC * 2));

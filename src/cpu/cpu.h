@@ -7,8 +7,8 @@
 #include "internal.h"
 
 /* Runs fn(arg, item, worker) for item in [0, num_items) on up to num_threads workers
- * (the calling thread is worker 0). Returns SMLA_ERR_INTERNAL if a thread can't start
- * and the work was then done on fewer workers (never partially). */
+ * (the calling thread is worker 0). If a thread can't start, the work is done by fewer
+ * workers: always completely, never partially. */
 typedef void (*smla_cpu_task)(void *arg, int64_t item, int worker);
 void smla_cpu_parallel(int num_threads, int64_t num_items, smla_cpu_task fn, void *arg);
 
