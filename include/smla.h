@@ -206,6 +206,10 @@ smla_status smla_cache_write(smla_context *ctx, const smla_cache_write_params *p
 typedef struct smla_plan smla_plan;
 
 #define SMLA_PLAN_BATCH_INVARIANT 1u /* a row's result does not depend on T or other rows */
+/* Use the portable kernels (CUDA: the sm_80 mma.sync ones) even where an architecture-
+ * specific kernel exists (CUDA: the sm_90a wgmma one on H100/H200): for A/B comparisons
+ * and tests. Same results within rounding; smla_plan_describe names the kernel chosen. */
+#define SMLA_PLAN_PORTABLE 2u
 
 typedef struct smla_plan_desc {
   int64_t max_tokens;            /* largest T the plan serves, >= 1 */

@@ -244,8 +244,42 @@ static void c_concurrency(t_case *tc) {
   fwd_free(&pb);
 }
 
+/* Wide head counts on a BF16 cache: on an H100/H200 the plan picks the sm_90a wgmma
+ * kernel for these (fwd_run then also runs the portable kernel). Each mixes what that
+ * kernel must handle: random lengths (partial and empty last tiles), planted bad and -1
+ * slots, K not a multiple of 64, Dr 0, softcap, sink, padded heads (N = 100), and splits. */
+static void wide(t_case *tc, int64_t T, int N, int K, int dr, float softcap, int sink,
+                 int splits) {
+  fwd_problem pb;
+  fwd_defaults(&pb, T, N, K, dr, SMLA_CACHE_BF16);
+  pb.softcap = softcap;
+  pb.use_sink = sink;
+  pb.num_splits = splits;
+  pb.use_lengths = 1;
+  fwd_make_inputs(&pb);
+  const int32_t planted[4] = {-1, (int32_t)pb.S, -2, INT32_MAX};
+  for (int64_t t = 0; t < T; t++) {
+    pb.lengths[t] = t == 0 ? K : t == 1 ? 0 : (int32_t)t_rng_int(1, K);
+    for (int i = 0; i < 4 && i < K; i++)
+      fwd_slot_row(&pb, t)[t_rng_int(0, K - 1)] = planted[i];
+  }
+  if (fwd_make_cache(tc, &pb) == 0) fwd_run(tc, &pb);
+  fwd_free(&pb);
+}
+
+static void c_wide_n128(t_case *tc) { wide(tc, 5, 128, 2051, 64, 0.0f, 0, 0); }
+static void c_wide_n64_dr0(t_case *tc) { wide(tc, 4, 64, 700, 0, 0.0f, 1, 0); }
+static void c_wide_n100_softcap(t_case *tc) { wide(tc, 3, 100, 333, 64, 5.0f, 1, 0); }
+static void c_wide_n128_splits(t_case *tc) { wide(tc, 6, 128, 1500, 64, 0.0f, 1, 5); }
+static void c_wide_n48_k1(t_case *tc) { wide(tc, 3, 48, 1, 64, 0.0f, 0, 0); }
+
 void t_register_forward_more_cases(void) {
   t_register("forward_num_splits_1_3_7", c_num_splits);
+  t_register("forward_wide_n128_k2051", c_wide_n128);
+  t_register("forward_wide_n64_dr0_sink", c_wide_n64_dr0);
+  t_register("forward_wide_n100_softcap_sink", c_wide_n100_softcap);
+  t_register("forward_wide_n128_splits5", c_wide_n128_splits);
+  t_register("forward_wide_n48_k1", c_wide_n48_k1);
   t_register("forward_caller_workspace", c_caller_workspace);
   t_register("forward_T_below_max_tokens", c_t_below_max);
   t_register("forward_batch_invariant", c_batch_invariant);

@@ -516,6 +516,27 @@ void fwd_run(t_case *tc, fwd_problem *pb) {
         fwd_result_free(&again);
       }
     }
+    /* A plan that chose an architecture-specific kernel (cuda-sm90): the same problem on
+     * the portable kernel too, so both stay checked on this device. */
+    if (b != T_CPU && strncmp(res.describe, "cuda-generic", 12) != 0 &&
+        !(pb->flags & SMLA_PLAN_PORTABLE)) {
+      fwd_problem pp = *pb;
+      pp.flags |= SMLA_PLAN_PORTABLE;
+      pp.repeat = 0;
+      fwd_result port;
+      if (fwd_exec(tc, &pp, &port)) {
+        t_expect(tc, strncmp(port.describe, "cuda-generic", 12) == 0,
+                 "SMLA_PLAN_PORTABLE plan is not the generic kernel: %s", port.describe);
+        fwd_check(tc, &pp, &port, &ref, "reference (portable kernel)");
+        if (have_cpu) {
+          fwd_ref cr;
+          fwd_as_ref(pb, &cpu, &cr);
+          fwd_check(tc, &pp, &port, &cr, "cpu backend (portable kernel)");
+          fwd_ref_free(&cr);
+        }
+        fwd_result_free(&port);
+      }
+    }
     if (b == T_CPU) {
       cpu = res;
       have_cpu = 1;

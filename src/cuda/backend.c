@@ -272,6 +272,9 @@ static smla_status cuda_merge(smla_context *ctx, const smla_merge_params *p, voi
  * 2.8 us per tile whether 1 or 132 blocks run, i.e. one gather round trip per tile
  * (T=1 N=16 unsplit: 94 us for 32 tiles; T=1024 N=16: 725 us = 3.3 TB/s of rows). */
 static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 2.4, 0.0, 4.7}; /* by mtiles */
+/* The sm_90a wgmma kernel's 64-head tile (docs/design/cuda-sm90-forward.md). */
+#define SM90_TILE_COMPUTE_US 2.0
+#define KERNEL_SM90 16             /* plan->kernel: the wgmma kernel (else the generic pipe) */
 #define TILE_LATENCY_US 2.8        /* one gather round trip (one tile in flight per SM) */
 #define GATHER_BYTES_PER_US 3.4e6  /* ~3.4 TB/s for 0.5-1 KB random rows, all SMs busy */
 #define BLOCK_FIXED_US 2.0         /* Q load, first tile's latency, epilogue */
@@ -282,6 +285,8 @@ static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 2.4, 0.0, 4.7}; /* by mtiles
 
 typedef struct fwd_choice {
   smla_cuda_fwd_config cfg;
+  int sm90;           /* 1: the sm_90a wgmma kernel */
+  double tile_us;     /* compute time of one 64-entry tile of one block */
   int groups;         /* head groups of 16 * mtiles heads */
   int ntiles;         /* ceil(K / 64) */
   int gather_bytes;   /* bytes gathered per cache row */
@@ -305,7 +310,7 @@ static int auto_splits(const fwd_choice *c, const cuda_state *st, int num_heads,
     const int64_t blocks = T * c->groups * s;
     const int64_t active = blocks < st->sm_count ? blocks : st->sm_count;
     const int64_t waves = ceil_div(blocks, st->sm_count);
-    double tile = TILE_COMPUTE_US[c->cfg.mtiles];
+    double tile = c->tile_us;
     if (tile < TILE_LATENCY_US) tile = TILE_LATENCY_US;
     const double mem = tile_bytes * (double)active / GATHER_BYTES_PER_US;
     if (tile < mem) tile = mem;
@@ -342,7 +347,9 @@ static void plan_choice(const smla_plan *plan, fwd_choice *c) {
   c->cfg.format = (int)plan->desc.format;
   c->cfg.dr = plan->desc.dr;
   c->cfg.mtiles = plan->heads_per_block / 16;
-  c->cfg.pipe = plan->kernel;
+  c->sm90 = plan->kernel == KERNEL_SM90;
+  c->cfg.pipe = c->sm90 ? 2 : plan->kernel;
+  c->tile_us = c->sm90 ? SM90_TILE_COMPUTE_US : TILE_COMPUTE_US[c->cfg.mtiles];
   c->groups = (int)ceil_div(plan->desc.num_heads, plan->heads_per_block);
   c->ntiles = (int)ceil_div(plan->desc.topk, SMLA_CUDA_FWD_BN);
   c->gather_bytes = (int)smla_cache_row_size(plan->desc.format, plan->desc.dr);
@@ -380,11 +387,18 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   const smla_plan_desc *d = &plan->desc;
   const char *fn = "smla_plan_create";
 
-  /* Heads per block: the fewest m16 tiles that hold N (at most 4 = 64 heads), then the
-   * deepest pipeline that fits the device's shared memory; fewer heads if none fits. */
+  /* The sm_90a wgmma kernel where it applies: an sm_90 device (H100/H200), a BF16 cache
+   * and N > 32 (its tile is 64 heads; at N <= 32 the generic 16/32-head blocks waste less
+   * and are gather-bound anyway), unless the caller asks for the portable kernels. */
+  const uint32_t smem90 = smla_cuda_fwd90_smem_bytes(d->dr);
+  const int sm90 = st->cc_major == 9 && st->cc_minor == 0 && d->format == SMLA_CACHE_BF16 &&
+                   d->num_heads > 32 && !(d->flags & SMLA_PLAN_PORTABLE) &&
+                   (int)smem90 <= st->smem_optin;
+  /* Else heads per block: the fewest m16 tiles that hold N (at most 4 = 64 heads), then
+   * the deepest pipeline that fits the device's shared memory; fewer heads if none fits. */
   int mtiles = d->num_heads <= 16 ? 1 : d->num_heads <= 32 ? 2 : 4;
-  int pipe = -1;
-  for (;;) {
+  int pipe = sm90 ? 2 : -1;
+  while (!sm90) {
     const int deepest = 2, shallowest = d->format == SMLA_CACHE_BF16 ? 1 : 0;
     for (int p = deepest; p >= shallowest; p--) {
       const smla_cuda_fwd_layout L = smla_cuda_fwd_layout_of((int)d->format, d->dr, mtiles, p);
@@ -401,7 +415,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
                           "memory per block, too few for the generic forward", fn,
                           ctx->device, st->smem_optin);
   plan->heads_per_block = 16 * mtiles;
-  plan->kernel = pipe;
+  plan->kernel = sm90 ? KERNEL_SM90 : pipe;
 
   fwd_choice c;
   plan_choice(plan, &c);
@@ -435,7 +449,9 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   smla_status s = device_enter(ctx, fn, &prev);
   if (s != SMLA_OK) return s;
   cudaError_t e;
-  switch (d->format) {
+  if (sm90) {
+    e = smla_cuda_fwd90_prepare(d->dr, st->smem_optin);
+  } else switch (d->format) {
   case SMLA_CACHE_BF16: e = smla_cuda_fwd_prepare_bf16(&c.cfg, st->smem_optin); break;
   case SMLA_CACHE_FP8_TENSOR: e = smla_cuda_fwd_prepare_fp8(&c.cfg, st->smem_optin); break;
   default: e = smla_cuda_fwd_prepare_ds(&c.cfg, st->smem_optin); break;
@@ -447,12 +463,13 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
                        : (d->flags & SMLA_PLAN_BATCH_INVARIANT) ? "batch-invariant, fixed"
                                                                 : "per T by cost model";
   snprintf(plan->describe, sizeof plan->describe,
-           "cuda-generic: %s dr=%d, %d heads/block x %d groups, %s %d (%u KB smem), "
-           "mma.sync bf16; splits %s (T=1: %d, T=%lld: %d; %d SMs); %lld partial rows",
-           format_name(d->format), d->dr, plan->heads_per_block, c.groups,
+           "%s: %s dr=%d, %d heads/block x %d groups, %s %d (%u KB smem), "
+           "%s bf16; splits %s (T=1: %d, T=%lld: %d; %d SMs); %lld partial rows",
+           sm90 ? "cuda-sm90" : "cuda-generic", format_name(d->format), d->dr,
+           plan->heads_per_block, c.groups,
            d->format == SMLA_CACHE_BF16 ? "kv stages" : "fp8 staging", pipe,
-           (unsigned)(L.total / 1024), policy, s_one, (long long)d->max_tokens, s_max,
-           st->sm_count, (long long)cap);
+           (unsigned)((sm90 ? smem90 : L.total) / 1024), sm90 ? "wgmma" : "mma.sync", policy,
+           s_one, (long long)d->max_tokens, s_max, st->sm_count, (long long)cap);
   return SMLA_OK;
 }
 
@@ -520,7 +537,9 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p, v
   smla_status s = device_enter(ctx, fn, &prev);
   if (s != SMLA_OK) return s;
   cudaError_t e;
-  switch (p->cache.format) {
+  if (c.sm90) {
+    e = smla_cuda_fwd90_launch(c.cfg.dr, &a, stream);
+  } else switch (p->cache.format) {
   case SMLA_CACHE_BF16: e = smla_cuda_fwd_launch_bf16(&c.cfg, &a, stream); break;
   case SMLA_CACHE_FP8_TENSOR: e = smla_cuda_fwd_launch_fp8(&c.cfg, &a, stream); break;
   default: e = smla_cuda_fwd_launch_ds(&c.cfg, &a, stream); break;

@@ -37,8 +37,7 @@
 #ifndef SMLA_CUDA_FORWARD_IMPL_CUH
 #define SMLA_CUDA_FORWARD_IMPL_CUH
 
-#include "kernels.h"
-#include "ptx.cuh"
+#include "forward_common.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -46,18 +45,7 @@
 #include <limits.h>
 #include <math.h>
 
-#define FMT_BF16 0
-#define FMT_FP8 1
-#define FMT_DS 2
-
-#define FWD_BN SMLA_CUDA_FWD_BN
 #define FWD_THREADS SMLA_CUDA_FWD_THREADS
-#define FWD_LOG2E 1.4426950408889634f
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *(const uint32_t *)&v;
-}
 
 /* Two e4m3 (low byte first) -> two floats, exact (through f16). */
 __device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
@@ -84,22 +72,6 @@ __device__ __forceinline__ void widen_chunk(uint4 raw, float sc, uint4 *lo, uint
  * chunk c ^ (r % 8), so the 8 rows an ldmatrix phase reads hit 8 distinct bank groups. */
 __device__ __forceinline__ uint32_t swz(int r, int c, int pitch) {
   return (uint32_t)(r * pitch + ((c ^ (r & 7)) << 4));
-}
-
-/* The next slot a loader thread needs: entry ks + tile * BN + lr, or -1 past the end. */
-__device__ __forceinline__ int32_t slot_at(const int32_t *slot_row, int ks, int kend, int tile,
-                                           int lr) {
-  const int k = ks + tile * FWD_BN + lr;
-  return k < kend ? __ldg(slot_row + k) : -1;
-}
-
-/* Entry state of one loader row: used (read it), counted as bad (>= S or < -1). */
-__device__ __forceinline__ bool entry_used(const smla_cuda_fwd_args &a, int32_t s, int k,
-                                           int kend, int lp, unsigned *bad) {
-  const bool in_range = k < kend;
-  const bool used = in_range && s >= 0 && (int64_t)s < a.num_slots;
-  if (lp == 0 && in_range && (s < -1 || (int64_t)s >= a.num_slots)) (*bad)++;
-  return used;
 }
 
 template <int FMT, int DR, int MT>

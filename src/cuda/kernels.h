@@ -187,6 +187,13 @@ cudaError_t smla_cuda_fwd_launch_fp8(const smla_cuda_fwd_config *c,
 cudaError_t smla_cuda_fwd_launch_ds(const smla_cuda_fwd_config *c,
                                     const smla_cuda_fwd_args *a, void *stream);
 
+/* The sm_90a wgmma forward (src/cuda/sm90/forward_wgmma.cu): BF16 cache, 64 heads per
+ * block, the same args, grid (T * groups * num_splits blocks of 256 threads) and partial
+ * states as the generic kernel. Machine code for sm_90a only: launch it on sm_90 devices. */
+uint32_t smla_cuda_fwd90_smem_bytes(int dr);
+cudaError_t smla_cuda_fwd90_prepare(int dr, int max_smem);
+cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *a, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,43 @@
+/*
+ * forward_common.cuh: pieces the sparse-MLA forward kernels share (the generic mma.sync
+ * kernel in forward_impl.cuh and the sm_90a wgmma kernel in sm90/forward_wgmma.cu):
+ * format ids, bf16 packing, and the loader's per-entry slot fetch and used/bad test.
+ */
+#ifndef SMLA_CUDA_FORWARD_COMMON_CUH
+#define SMLA_CUDA_FORWARD_COMMON_CUH
+
+#include "kernels.h"
+#include "ptx.cuh"
+
+#include <cuda_bf16.h>
+#include <math.h>
+
+#define FMT_BF16 0
+#define FMT_FP8 1
+#define FMT_DS 2
+
+#define FWD_BN SMLA_CUDA_FWD_BN
+#define FWD_LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *(const uint32_t *)&v;
+}
+
+/* The next slot a loader thread needs: entry ks + tile * BN + lr, or -1 past the end. */
+__device__ __forceinline__ int32_t slot_at(const int32_t *slot_row, int ks, int kend, int tile,
+                                           int lr) {
+  const int k = ks + tile * FWD_BN + lr;
+  return k < kend ? __ldg(slot_row + k) : -1;
+}
+
+/* Entry state of one loader row: used (read it), counted as bad (>= S or < -1). */
+__device__ __forceinline__ bool entry_used(const smla_cuda_fwd_args &a, int32_t s, int k,
+                                           int kend, int lp, unsigned *bad) {
+  const bool in_range = k < kend;
+  const bool used = in_range && s >= 0 && (int64_t)s < a.num_slots;
+  if (lp == 0 && in_range && (s < -1 || (int64_t)s >= a.num_slots)) (*bad)++;
+  return used;
+}
+
+#endif /* SMLA_CUDA_FORWARD_COMMON_CUH */

@@ -1,0 +1,344 @@
+/*
+ * forward_wgmma.cu: the Hopper (sm_90a) sparse-MLA forward for BF16 caches and 64 heads
+ * per block (SPEC §3), tensor cores through wgmma with both operands in shared memory.
+ * Design, napkin math and measured versions: docs/design/cuda-sm90-forward.md.
+ *
+ * Work: one block of two warpgroups (256 threads) per (row t, group of 64 heads, KV
+ * split), the same grid, split policy, partial-state format and combine as the generic
+ * kernel (forward_impl.cuh), so the plan can pick either. Per tile of 64 gathered rows:
+ *   S[64][64] = Q[64][dqk] K^T     warpgroup w: entries 32w..32w+31, dqk/16 wgmma
+ *                                  m64n32k16 (A = Q, B = K rows, both K-major)
+ *   online softmax                 row max exchanged between the two warpgroups in shared
+ *                                  memory; P (bf16) written to shared memory
+ *   O[64][512] += P[64][64] V      warpgroup w: output columns 256w..256w+255, 4 k-steps of
+ *                                  2 wgmma m64n128k16 (A = P K-major, B = V MN-major)
+ * Every thread of both warpgroups holds the same two rows (heads 16*warp + g, + 8) of S
+ * and of O, so the rescale factor of its O rows is the one it computed itself.
+ *
+ * Shared memory (bytes from a 1024-aligned base; every operand in the 128-byte-swizzle
+ * layout wgmma reads: a [kb][64 rows][128 B] stack of 8 KB blocks of 64 bf16 columns,
+ * 16-byte chunk c of row r stored at chunk c ^ (r % 8)):
+ *   Q 9 x 8 KB, KV 2 stages x 9 x 8 KB, P 8 KB, row max/sum exchange, tile masks.
+ * dr = 64: 72 + 144 + 8 + 1 KB = 225 KB (+1 KB alignment slack) of the 227 KB opt-in.
+ * Gathers: cp.async 16-byte copies as in the generic kernel (4 threads per row), two
+ * stages deep; a masked entry's row is zero-filled without reading the cache and its
+ * logits are -inf, so NaN in unused rows cannot leak in.
+ */
+#include "../forward_common.cuh"
+#include "wgmma.cuh"
+
+#include <limits.h>
+
+#define W_THREADS 256
+#define W_HEADS 64
+#define W_KB_BYTES 8192 /* one [64 rows][128 B] block of 64 bf16 columns */
+
+struct w_layout {
+  uint32_t q, kv, p, red, rowmax, mask, total;
+};
+
+__host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
+  w_layout l;
+  const uint32_t tile = (uint32_t)((512 + dr) / 64) * W_KB_BYTES;
+  l.q = 0;
+  l.kv = l.q + tile;
+  l.p = l.kv + 2u * tile;
+  l.red = l.p + W_KB_BYTES;      /* [2][64] float */
+  l.rowmax = l.red + 2u * 64u * 4u; /* [64] float */
+  l.mask = l.rowmax + 64u * 4u;  /* [4][64] uint8 */
+  l.total = l.mask + 4u * 64u;
+  return l;
+}
+
+/* Byte offset of 16-byte chunk c (of 8 bf16 columns) of row r in a stack of 128-byte-
+ * swizzled 8 KB blocks. */
+__device__ __forceinline__ uint32_t w_chunk(int r, int c) {
+  return (uint32_t)((c >> 3) * W_KB_BYTES + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+template <int DR>
+__global__ void __launch_bounds__(W_THREADS, 1)
+    fwd90_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
+  constexpr int BN = FWD_BN;
+  constexpr int DQK = 512 + DR;
+  constexpr int QCH = DQK / 8;  /* 16-byte chunks per bf16 row */
+  constexpr int KB = DQK / 64;  /* 8 KB column blocks per row stack */
+  constexpr uint32_t TILE = KB * W_KB_BYTES;
+  const float NEG_INF = -INFINITY;
+
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  /* 128-byte swizzle is a function of address bits 4-9: the stacks must be 1024-aligned. */
+  const uint32_t raw_base = smem_addr(smem_raw);
+  const uint32_t sbase = (raw_base + 1023u) & ~1023u;
+  uint8_t *smem = smem_raw + (sbase - raw_base);
+  const w_layout L = w_layout_of(DR);
+  float *red = (float *)(smem + L.red);
+  float *rowmax_s = (float *)(smem + L.rowmax);
+  uint8_t *mask_s = smem + L.mask;
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int wg = tid >> 7, wq = (tid >> 5) & 3; /* warpgroup; warp within it */
+  const int g = lane >> 2, tig = lane & 3;
+  const int r0 = 16 * wq + g; /* this thread's rows: r0 and r0 + 8 */
+  const int lr = tid >> 2, lp = tid & 3; /* loader: row of the tile, quarter of the row */
+
+  const int64_t bid = blockIdx.x;
+  const int grp = (int)(bid % a.groups);
+  const int64_t rest = bid / a.groups;
+  const int split = (int)(rest % a.num_splits);
+  const int64_t t = rest / a.num_splits;
+  const int h0 = grp * W_HEADS;
+
+  int len = a.topk;
+  if (a.lengths) len = min(max(a.lengths[t], 0), a.topk);
+  const int ks = split * a.split_len;
+  const int kend = min(min(ks + a.split_len, a.topk), len);
+  const int ntiles = kend > ks ? (kend - ks + BN - 1) / BN : 0;
+  const int32_t *slot_row = a.slots + t * a.slots_stride;
+
+  /* O: [2 halves of 128 columns][16 n8 blocks x 4]; column of O[h][4j + e] is
+   * 256 wg + 128 h + 8 j + 2 tig + (e & 1), row r0 + 8 (e >> 1). */
+  float O[2][64];
+#pragma unroll
+  for (int h = 0; h < 2; h++)
+#pragma unroll
+    for (int i = 0; i < 64; i++) O[h][i] = 0.0f;
+  float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};
+  unsigned bad = 0;
+
+  if (ntiles > 0) {
+    const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
+    /* Q rows (heads h0..h0+63), zero past N. Joins the first cp.async group. */
+    for (int idx = tid; idx < W_HEADS * QCH; idx += W_THREADS) {
+      const int row = idx / QCH, c = idx - row * QCH, head = h0 + row;
+      const bool ok = head < a.num_heads;
+      const uint16_t *src = a.q_nope;
+      if (ok)
+        src = c < 64 ? a.q_nope + t * a.q_nope_stride_t + head * a.q_nope_stride_h + 8 * c
+                     : a.q_pe + t * a.q_pe_stride_t + head * a.q_pe_stride_h + 8 * (c - 64);
+      cp_async_16(q_s + w_chunk(row, c), src, ok ? 16 : 0);
+    }
+
+    int32_t slot_pf = slot_at(slot_row, ks, kend, 0, lr); /* prefetched one tile ahead */
+    /* This thread's chunks of its row: c = lp + 4 i, i.e. block i / 2, chunk lp + 4 (i & 1). */
+    const uint32_t row_off = (uint32_t)(lr * 128);
+#define W_ISSUE_TILE(j, stage_base)                                                         \
+  do {                                                                                      \
+    const int32_t s_ = slot_pf;                                                             \
+    slot_pf = slot_at(slot_row, ks, kend, (j) + 1, lr);                                     \
+    const bool used_ = entry_used(a, s_, ks + (j) * BN + lr, kend, lp, &bad);               \
+    if (lp == 0) mask_s[((j) & 3) * BN + lr] = used_;                                       \
+    const uint8_t *src_ = a.cache + (used_ ? (int64_t)s_ * a.row_bytes : 0);                \
+    const uint32_t n_ = used_ ? 16u : 0u;                                                   \
+    _Pragma("unroll") for (int i_ = 0; i_ < QCH / 4; i_++) {                                \
+      const int c_ = lp + 4 * (i_ & 1);                                                     \
+      cp_async_16((stage_base) + (uint32_t)((i_ >> 1) * W_KB_BYTES) + row_off +             \
+                      (uint32_t)((c_ ^ (lr & 7)) << 4),                                     \
+                  src_ + 16 * (lp + 4 * i_), n_);                                           \
+    }                                                                                       \
+  } while (0)
+
+    W_ISSUE_TILE(0, kv_s);
+    cp_async_commit();
+
+    for (int j = 0; j < ntiles; j++) {
+      const uint32_t kvb = kv_s + (uint32_t)(j & 1) * TILE;
+      if (j + 1 < ntiles) W_ISSUE_TILE(j + 1, kv_s + (uint32_t)((j + 1) & 1) * TILE);
+      cp_async_commit();
+      cp_async_wait<1>(); /* tile j (and Q) landed for this thread */
+      fence_proxy_async(); /* ...and is visible to wgmma's reads */
+      __syncthreads();
+
+      /* ---- S = Q K^T: all 64 heads x this warpgroup's 32 entries ---- */
+      float s[16];
+#pragma unroll
+      for (int i = 0; i < 16; i++) s[i] = 0.0f;
+      wg_fence();
+#pragma unroll
+      for (int kb = 0; kb < KB; kb++)
+#pragma unroll
+        for (int k4 = 0; k4 < 4; k4++) {
+          const uint64_t da = wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024);
+          const uint64_t db =
+              wg_desc(kvb + kb * W_KB_BYTES + wg * 32 * 128 + k4 * 32, 16, 1024);
+          wgmma_m64n32k16_ss(s, da, db);
+        }
+      wg_commit();
+      wg_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 16; i++) wg_pin(s[i]);
+
+      /* ---- online softmax: scale, softcap, mask; row max across both warpgroups ---- */
+      const uint8_t *mk = mask_s + (j & 3) * BN;
+      float tmax[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+      for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int col = wg * 32 + nb * 8 + 2 * tig + (e & 1);
+          float v = s[4 * nb + e] * a.logit_scale;
+          if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
+          v = mk[col] ? v : NEG_INF;
+          s[4 * nb + e] = v;
+          tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
+        }
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
+        tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
+        if (tig == 0) red[wg * 64 + r0 + 8 * hh] = tmax[hh];
+      }
+      __syncthreads();
+      float mls[2], alpha[2], lsum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const int row = r0 + 8 * hh;
+        const float mx = fmax_nan(red[row], red[64 + row]);
+        const float m_new = fmax_nan(m_run[hh], mx); /* NaN: out, lse, max NaN */
+        const float m_use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
+        alpha[hh] = ex2_approx((m_run[hh] - m_use) * FWD_LOG2E);
+        m_run[hh] = m_new;
+        mls[hh] = m_use * FWD_LOG2E;
+      }
+#pragma unroll
+      for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+          const float p0 = ex2_approx(fmaf(s[4 * nb + 2 * hh], FWD_LOG2E, -mls[hh]));
+          const float p1 = ex2_approx(fmaf(s[4 * nb + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
+          lsum[hh] += p0 + p1;
+          const int row = r0 + 8 * hh, col = wg * 32 + nb * 8 + 2 * tig;
+          *(uint32_t *)(smem + L.p + w_chunk(row, col >> 3) + (col & 7) * 2) =
+              pack_bf16x2(p0, p1);
+        }
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int i = 0; i < 64; i++) O[h][i] *= alpha[(i >> 1) & 1];
+      fence_proxy_async(); /* P visible to wgmma */
+      __syncthreads();
+
+      /* ---- O += P V: all 64 heads x this warpgroup's 256 output columns ---- */
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
+      wg_fence();
+#pragma unroll
+      for (int k = 0; k < BN / 16; k++) {
+        const uint64_t da = wg_desc(p_s + k * 32, 16, 1024);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const uint64_t db =
+              wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * W_KB_BYTES + k * 16 * 128),
+                      W_KB_BYTES, 1024);
+          wgmma_m64n128k16_ss_tb(O[h], da, db);
+        }
+      }
+      wg_commit();
+      wg_wait<0>();
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
+      __syncthreads(); /* the KV stage, P, red are rewritten next tile */
+    }
+#undef W_ISSUE_TILE
+    cp_async_wait<0>();
+
+    /* Row sums: quad, then across the two warpgroups. */
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float l = l_run[hh];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int row = r0 + 8 * hh;
+      if (tig == 0) {
+        red[wg * 64 + row] = l;
+        if (wg == 0) rowmax_s[row] = m_run[hh];
+      }
+    }
+  } else {
+    /* No used entry can exist in this split: every row gets l = 0, m = -inf. */
+    for (int i = tid; i < 128; i += W_THREADS) red[i] = 0.0f;
+    for (int i = tid; i < 64; i += W_THREADS) rowmax_s[i] = NEG_INF;
+  }
+  __syncthreads();
+
+  /* ---- epilogue: final (num_splits == 1) or partial state ---- */
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int row = r0 + 8 * hh, head = h0 + row;
+    if (head >= a.num_heads) continue;
+    const float l = red[row] + red[64 + row];
+    const float m = rowmax_s[row];
+    const float lse = l == 0.0f ? NEG_INF : m + logf(l);
+    const int col0 = 256 * wg + 2 * tig;
+    if (a.num_splits == 1) {
+      float f = 0.0f;
+      if (l != 0.0f) {
+        float den = l;
+        if (a.sink) den += expf(a.sink[head] - m);
+        f = a.value_scale / den;
+      }
+      uint16_t *o = a.out + t * a.out_stride_t + (int64_t)head * a.out_stride_h + col0;
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int nb = 0; nb < 16; nb++)
+          *(uint32_t *)(o + 128 * h + 8 * nb) =
+              pack_bf16x2(O[h][4 * nb + 2 * hh] * f, O[h][4 * nb + 2 * hh + 1] * f);
+      if (wg == 0 && tig == 0) {
+        if (a.lse) a.lse[t * a.lse_stride_t + head] = lse;
+        if (a.max_logit) a.max_logit[t * a.max_logit_stride_t + head] = m;
+      }
+    } else {
+      const int64_t prow = ((int64_t)split * a.num_tokens + t) * a.num_heads + head;
+      if (l != 0.0f) { /* a -inf partial is never read by the combine */
+        const float f = a.value_scale / l;
+        float *o = a.part_out + prow * 512 + col0;
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+          for (int nb = 0; nb < 16; nb++)
+            *(float2 *)(o + 128 * h + 8 * nb) =
+                make_float2(O[h][4 * nb + 2 * hh] * f, O[h][4 * nb + 2 * hh + 1] * f);
+      }
+      if (wg == 0 && tig == 0) {
+        a.part_lse[prow] = lse;
+        a.part_max[prow] = m;
+      }
+    }
+  }
+
+  if (a.bad_inputs && grp == 0) {
+    const unsigned n = __reduce_add_sync(0xffffffffu, bad);
+    if (lane == 0 && n) atomicAdd(a.bad_inputs, (unsigned long long)n);
+  }
+}
+
+extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr) {
+  return w_layout_of(dr).total + 1024u; /* + slack to align the base to 1024 */
+}
+
+extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int max_smem) {
+  return dr == 64 ? cudaFuncSetAttribute(fwd90_kernel<64>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem)
+                  : cudaFuncSetAttribute(fwd90_kernel<0>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+}
+
+extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *a,
+                                              void *stream) {
+  const int64_t blocks = a->num_tokens * a->groups * a->num_splits;
+  if (blocks <= 0) return cudaSuccess;
+  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  const uint32_t smem = smla_cuda_fwd90_smem_bytes(dr);
+  if (dr == 64)
+    fwd90_kernel<64><<<(unsigned)blocks, W_THREADS, smem, (cudaStream_t)stream>>>(*a);
+  else
+    fwd90_kernel<0><<<(unsigned)blocks, W_THREADS, smem, (cudaStream_t)stream>>>(*a);
+  return cudaGetLastError();
+}

@@ -1,0 +1,77 @@
+/*
+ * wgmma.cuh: inline wrappers for the sm_90a warpgroup MMA PTX of the Hopper forward. Each
+ * names the instruction it emits. All operands in shared memory are described by 64-bit
+ * matrix descriptors (wg_desc); accumulators always accumulate (scale-d is a predicate
+ * set true: zero them first). Compiled only for sm_90a (src/cuda/sm90/ builds with arch=compute_90a).
+ */
+#ifndef SMLA_CUDA_SM90_WGMMA_CUH
+#define SMLA_CUDA_SM90_WGMMA_CUH
+
+#include <stdint.h>
+
+/* Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
+ * byte offsets (all in 16-byte units), layout type 1 (SWIZZLE_128B) in bits 62-63.
+ * K-major operands: lbo unused (16), sbo = 1024 (8 rows of 128 bytes). MN-major: lbo =
+ * bytes between 64-element column blocks, sbo = bytes between 8-row groups along K. */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
+         ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+/* wgmma.fence.sync.aligned: orders register accesses before the next wgmma.mma_async. */
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+/* wgmma.commit_group.sync.aligned */
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+/* wgmma.wait_group.sync.aligned N: at most N committed groups still pending. */
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* An empty asm that "writes" v: keeps the compiler from moving reads or writes of an
+ * accumulator across the wgmma issue / wait around it. */
+__device__ __forceinline__ void wg_pin(float &v) { asm volatile("" : "+f"(v)::"memory"); }
+
+/* fence.proxy.async.shared::cta: this thread's generic-proxy shared-memory writes
+ * (st.shared, cp.async) become visible to the async proxy (wgmma operand reads). */
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16: d[64x32] += A[64x16] B[16x32],
+ * A and B K-major in shared memory. */
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float d[16], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "n"(1));
+}
+
+/* wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16: d[64x128] += A[64x16] B[16x128],
+ * A K-major, B MN-major (imm-trans-b = 1) in shared memory. */
+__device__ __forceinline__ void wgmma_m64n128k16_ss_tb(float d[64], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "n"(1));
+}
+
+#endif /* SMLA_CUDA_SM90_WGMMA_CUH */
