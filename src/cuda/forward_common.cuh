@@ -40,4 +40,28 @@ __device__ __forceinline__ bool entry_used(const smla_cuda_fwd_args &a, int32_t 
   return used;
 }
 
+/* What one block of the forward grid works on: blocks are numbered (t, split, group) with
+ * the group fastest; entries [ks, kend) of row t (the split clamped by lengths[t]). */
+struct fwd_block {
+  int64_t t;
+  int grp, split, ks, kend, ntiles;
+  const int32_t *slot_row;
+};
+
+__device__ __forceinline__ fwd_block fwd_block_of(const smla_cuda_fwd_args &a) {
+  fwd_block b;
+  const int64_t bid = blockIdx.x;
+  b.grp = (int)(bid % a.groups);
+  const int64_t rest = bid / a.groups;
+  b.split = (int)(rest % a.num_splits);
+  b.t = rest / a.num_splits;
+  int len = a.topk;
+  if (a.lengths) len = min(max(a.lengths[b.t], 0), a.topk);
+  b.ks = b.split * a.split_len;
+  b.kend = min(min(b.ks + a.split_len, a.topk), len);
+  b.ntiles = b.kend > b.ks ? (b.kend - b.ks + FWD_BN - 1) / FWD_BN : 0;
+  b.slot_row = a.slots + b.t * a.slots_stride;
+  return b;
+}
+
 #endif /* SMLA_CUDA_FORWARD_COMMON_CUH */

@@ -114,19 +114,11 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
   const int g = lane >> 2, tig = lane & 3, x7 = lane & 7;
   const int lr = tid >> 2, lp = tid & 3; /* loader: row of the tile, quarter of the row */
 
-  const int64_t bid = blockIdx.x;
-  const int grp = (int)(bid % a.groups);
-  const int64_t rest = bid / a.groups;
-  const int split = (int)(rest % a.num_splits);
-  const int64_t t = rest / a.num_splits;
-  const int h0 = grp * M;
-
-  int len = a.topk;
-  if (a.lengths) len = min(max(a.lengths[t], 0), a.topk);
-  const int ks = split * a.split_len;
-  const int kend = min(min(ks + a.split_len, a.topk), len);
-  const int ntiles = kend > ks ? (kend - ks + BN - 1) / BN : 0;
-  const int32_t *slot_row = a.slots + t * a.slots_stride;
+  const fwd_block blk = fwd_block_of(a);
+  const int64_t t = blk.t;
+  const int grp = blk.grp, split = blk.split, ks = blk.ks, kend = blk.kend;
+  const int ntiles = blk.ntiles, h0 = grp * M;
+  const int32_t *slot_row = blk.slot_row;
 
   float O[MT][8][4];
 #pragma unroll

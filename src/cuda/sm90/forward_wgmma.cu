@@ -82,19 +82,11 @@ __global__ void __launch_bounds__(W_THREADS, 1)
   const int r0 = 16 * wq + g; /* this thread's rows: r0 and r0 + 8 */
   const int lr = tid >> 2, lp = tid & 3; /* loader: row of the tile, quarter of the row */
 
-  const int64_t bid = blockIdx.x;
-  const int grp = (int)(bid % a.groups);
-  const int64_t rest = bid / a.groups;
-  const int split = (int)(rest % a.num_splits);
-  const int64_t t = rest / a.num_splits;
-  const int h0 = grp * W_HEADS;
-
-  int len = a.topk;
-  if (a.lengths) len = min(max(a.lengths[t], 0), a.topk);
-  const int ks = split * a.split_len;
-  const int kend = min(min(ks + a.split_len, a.topk), len);
-  const int ntiles = kend > ks ? (kend - ks + BN - 1) / BN : 0;
-  const int32_t *slot_row = a.slots + t * a.slots_stride;
+  const fwd_block blk = fwd_block_of(a);
+  const int64_t t = blk.t;
+  const int grp = blk.grp, split = blk.split, ks = blk.ks, kend = blk.kend;
+  const int ntiles = blk.ntiles, h0 = grp * W_HEADS;
+  const int32_t *slot_row = blk.slot_row;
 
   /* O: [2 halves of 128 columns][16 n8 blocks x 4]; column of O[h][4j + e] is
    * 256 wg + 128 h + 8 j + 2 tig + (e & 1), row r0 + 8 (e >> 1). */
