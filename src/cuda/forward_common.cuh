@@ -64,4 +64,63 @@ __device__ __forceinline__ fwd_block fwd_block_of(const smla_cuda_fwd_args &a) {
   return b;
 }
 
+/* Source of 16-byte chunk c (of 8 bf16) of head `head`'s q row: chunks 0..63 from q_nope,
+ * the rest from q_pe. Heads past N get a dummy pointer; load them with 0 source bytes. */
+__device__ __forceinline__ const uint16_t *q_chunk_src(const smla_cuda_fwd_args &a, int64_t t,
+                                                       int head, int c) {
+  if (head >= a.num_heads) return a.q_nope;
+  return c < 64 ? a.q_nope + t * a.q_nope_stride_t + head * a.q_nope_stride_h + 8 * c
+                : a.q_pe + t * a.q_pe_stride_t + head * a.q_pe_stride_h + 8 * (c - 64);
+}
+
+/* One (t, head) row's epilogue, from its sum of weights l and max m: with one split, the
+ * final bf16 row `out` scaled by f (the 1/l, sink and FP8_TENSOR value scale; 0 when no
+ * entry was used) and lse / max_logit; with several, the partial row `part` (NULL when
+ * l == 0: a -inf partial is never read) and its lse / max. `writer`: the one thread of
+ * the row that stores the per-row scalars. Each kernel then stores its own columns. */
+struct fwd_row_out {
+  uint16_t *out; /* final row, or NULL */
+  float *part;   /* partial row, or NULL */
+  float f;
+};
+
+__device__ __forceinline__ fwd_row_out fwd_row_epilogue(const smla_cuda_fwd_args &a, int64_t t,
+                                                        int split, int head, float l, float m,
+                                                        bool writer) {
+  fwd_row_out r = {NULL, NULL, 0.0f};
+  const float lse = l == 0.0f ? -INFINITY : m + logf(l);
+  if (a.num_splits == 1) {
+    if (l != 0.0f) {
+      float den = l;
+      if (a.sink) den += expf(a.sink[head] - m);
+      r.f = a.value_scale / den;
+    }
+    r.out = a.out + t * a.out_stride_t + (int64_t)head * a.out_stride_h;
+    if (writer) {
+      if (a.lse) a.lse[t * a.lse_stride_t + head] = lse;
+      if (a.max_logit) a.max_logit[t * a.max_logit_stride_t + head] = m;
+    }
+  } else {
+    const int64_t prow = ((int64_t)split * a.num_tokens + t) * a.num_heads + head;
+    if (l != 0.0f) {
+      r.f = a.value_scale / l;
+      r.part = a.part_out + prow * 512;
+    }
+    if (writer) {
+      a.part_lse[prow] = lse;
+      a.part_max[prow] = m;
+    }
+  }
+  return r;
+}
+
+/* Adds the block's bad-slot count (each warp's lanes' counts) once per row: group 0. */
+__device__ __forceinline__ void fwd_count_bad(const smla_cuda_fwd_args &a, int grp,
+                                              unsigned bad) {
+  if (a.bad_inputs && grp == 0) {
+    const unsigned n = __reduce_add_sync(0xffffffffu, bad);
+    if ((threadIdx.x & 31) == 0 && n) atomicAdd(a.bad_inputs, (unsigned long long)n);
+  }
+}
+
 #endif /* SMLA_CUDA_FORWARD_COMMON_CUH */

@@ -140,12 +140,8 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
     /* Q rows (heads h0..h0+M-1), zero past N. Joins the first cp.async group. */
     for (int idx = tid; idx < M * QCH; idx += FWD_THREADS) {
       const int row = idx / QCH, c = idx - row * QCH, head = h0 + row;
-      const bool ok = head < a.num_heads;
-      const uint16_t *src = a.q_nope;
-      if (ok)
-        src = c < 64 ? a.q_nope + t * a.q_nope_stride_t + head * a.q_nope_stride_h + 8 * c
-                     : a.q_pe + t * a.q_pe_stride_t + head * a.q_pe_stride_h + 8 * (c - 64);
-      cp_async_16(q_s + swz(row, c, ROWB), src, ok ? 16 : 0);
+      cp_async_16(q_s + swz(row, c, ROWB), q_chunk_src(a, t, head, c),
+                  head < a.num_heads ? 16 : 0);
     }
 
     int32_t slot_pf = slot_at(slot_row, ks, kend, 0, lr); /* prefetched one tile ahead */
@@ -444,44 +440,18 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
       float l = 0.0f;
 #pragma unroll
       for (int w = 0; w < WN; w++) l += red[w * M + row];
-      const float m = rowmax_s[row];
-      const float lse = l == 0.0f ? NEG_INF : m + logf(l);
-      if (a.num_splits == 1) {
-        float f = 0.0f;
-        if (l != 0.0f) {
-          float den = l;
-          if (a.sink) den += expf(a.sink[head] - m);
-          f = a.value_scale / den;
-        }
-        uint16_t *o = a.out + t * a.out_stride_t + (int64_t)head * a.out_stride_h + warp * 64 +
-                      2 * tig;
+      const fwd_row_out r =
+          fwd_row_epilogue(a, t, split, head, l, rowmax_s[row], warp == 0 && tig == 0);
+      const int col = warp * 64 + 2 * tig;
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-          *(uint32_t *)(o + nt * 8) = pack_bf16x2(O[mt][nt][2 * hh] * f, O[mt][nt][2 * hh + 1] * f);
-        if (warp == 0 && tig == 0) {
-          if (a.lse) a.lse[t * a.lse_stride_t + head] = lse;
-          if (a.max_logit) a.max_logit[t * a.max_logit_stride_t + head] = m;
-        }
-      } else {
-        const int64_t prow = ((int64_t)split * a.num_tokens + t) * a.num_heads + head;
-        if (l != 0.0f) { /* a -inf partial is never read by the combine */
-          const float f = a.value_scale / l;
-          float *o = a.part_out + prow * 512 + warp * 64 + 2 * tig;
-#pragma unroll
-          for (int nt = 0; nt < 8; nt++)
-            *(float2 *)(o + nt * 8) = make_float2(O[mt][nt][2 * hh] * f, O[mt][nt][2 * hh + 1] * f);
-        }
-        if (warp == 0 && tig == 0) {
-          a.part_lse[prow] = lse;
-          a.part_max[prow] = m;
-        }
+      for (int nt = 0; nt < 8; nt++) {
+        const float v0 = O[mt][nt][2 * hh] * r.f, v1 = O[mt][nt][2 * hh + 1] * r.f;
+        if (r.out) *(uint32_t *)(r.out + col + nt * 8) = pack_bf16x2(v0, v1);
+        if (r.part) *(float2 *)(r.part + col + nt * 8) = make_float2(v0, v1);
       }
     }
 
-  if (a.bad_inputs && grp == 0) {
-    const unsigned n = __reduce_add_sync(0xffffffffu, bad);
-    if (lane == 0 && n) atomicAdd(a.bad_inputs, (unsigned long long)n);
-  }
+  fwd_count_bad(a, grp, bad);
 }
 
 template <int FMT, int DR, int MT>

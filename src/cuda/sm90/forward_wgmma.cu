@@ -103,12 +103,7 @@ __global__ void __launch_bounds__(W_THREADS, 1)
     /* Q rows (heads h0..h0+63), zero past N. Joins the first cp.async group. */
     for (int idx = tid; idx < W_HEADS * QCH; idx += W_THREADS) {
       const int row = idx / QCH, c = idx - row * QCH, head = h0 + row;
-      const bool ok = head < a.num_heads;
-      const uint16_t *src = a.q_nope;
-      if (ok)
-        src = c < 64 ? a.q_nope + t * a.q_nope_stride_t + head * a.q_nope_stride_h + 8 * c
-                     : a.q_pe + t * a.q_pe_stride_t + head * a.q_pe_stride_h + 8 * (c - 64);
-      cp_async_16(q_s + w_chunk(row, c), src, ok ? 16 : 0);
+      cp_async_16(q_s + w_chunk(row, c), q_chunk_src(a, t, head, c), head < a.num_heads ? 16 : 0);
     }
 
     int32_t slot_pf = slot_at(slot_row, ks, kend, 0, lr); /* prefetched one tile ahead */
@@ -264,51 +259,21 @@ __global__ void __launch_bounds__(W_THREADS, 1)
   for (int hh = 0; hh < 2; hh++) {
     const int row = r0 + 8 * hh, head = h0 + row;
     if (head >= a.num_heads) continue;
-    const float l = red[row] + red[64 + row];
-    const float m = rowmax_s[row];
-    const float lse = l == 0.0f ? NEG_INF : m + logf(l);
+    const fwd_row_out r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row],
+                                           rowmax_s[row], wg == 0 && tig == 0);
     const int col0 = 256 * wg + 2 * tig;
-    if (a.num_splits == 1) {
-      float f = 0.0f;
-      if (l != 0.0f) {
-        float den = l;
-        if (a.sink) den += expf(a.sink[head] - m);
-        f = a.value_scale / den;
-      }
-      uint16_t *o = a.out + t * a.out_stride_t + (int64_t)head * a.out_stride_h + col0;
 #pragma unroll
-      for (int h = 0; h < 2; h++)
+    for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int nb = 0; nb < 16; nb++)
-          *(uint32_t *)(o + 128 * h + 8 * nb) =
-              pack_bf16x2(O[h][4 * nb + 2 * hh] * f, O[h][4 * nb + 2 * hh + 1] * f);
-      if (wg == 0 && tig == 0) {
-        if (a.lse) a.lse[t * a.lse_stride_t + head] = lse;
-        if (a.max_logit) a.max_logit[t * a.max_logit_stride_t + head] = m;
+      for (int nb = 0; nb < 16; nb++) {
+        const int col = col0 + 128 * h + 8 * nb;
+        const float v0 = O[h][4 * nb + 2 * hh] * r.f, v1 = O[h][4 * nb + 2 * hh + 1] * r.f;
+        if (r.out) *(uint32_t *)(r.out + col) = pack_bf16x2(v0, v1);
+        if (r.part) *(float2 *)(r.part + col) = make_float2(v0, v1);
       }
-    } else {
-      const int64_t prow = ((int64_t)split * a.num_tokens + t) * a.num_heads + head;
-      if (l != 0.0f) { /* a -inf partial is never read by the combine */
-        const float f = a.value_scale / l;
-        float *o = a.part_out + prow * 512 + col0;
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-          for (int nb = 0; nb < 16; nb++)
-            *(float2 *)(o + 128 * h + 8 * nb) =
-                make_float2(O[h][4 * nb + 2 * hh] * f, O[h][4 * nb + 2 * hh + 1] * f);
-      }
-      if (wg == 0 && tig == 0) {
-        a.part_lse[prow] = lse;
-        a.part_max[prow] = m;
-      }
-    }
   }
 
-  if (a.bad_inputs && grp == 0) {
-    const unsigned n = __reduce_add_sync(0xffffffffu, bad);
-    if (lane == 0 && n) atomicAdd(a.bad_inputs, (unsigned long long)n);
-  }
+  fwd_count_bad(a, grp, bad);
 }
 
 extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr) {
