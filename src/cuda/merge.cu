@@ -11,7 +11,6 @@
 
 #include <cuda_bf16.h>
 #include <math.h>
-#include <string.h>
 
 #define MERGE_THREADS 128 /* one block per (t, h); 4 values per thread covers dv = 512 */
 #define MERGE_CHUNK 128   /* partials whose weights are staged in shared memory at once */
@@ -202,12 +201,10 @@ static cudaError_t merge_launch(const smla_cuda_merge_args *a, unsigned blocks, 
     merge_kernel<VEC, UNROLL><<<blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
     return cudaGetLastError();
   }
-  cudaLaunchAttribute attr;
-  memset(&attr, 0, sizeof attr);
+  cudaLaunchAttribute attr = {};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
+  cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(MERGE_THREADS);
   cfg.stream = (cudaStream_t)stream;
