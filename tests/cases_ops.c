@@ -470,6 +470,10 @@ static void c_merge_f32_to_bf16(t_case *tc) { merge_simple(tc, 2, 3, 8, 512, SML
 static void c_merge_dv_small(t_case *tc) { merge_simple(tc, 3, 4, 8, 40, SMLA_DTYPE_F32, SMLA_DTYPE_F32, 1); }
 static void c_merge_p1(t_case *tc) { merge_simple(tc, 1, 6, 16, 512, SMLA_DTYPE_F32, SMLA_DTYPE_F32, 1); }
 static void c_merge_no_lse(t_case *tc) { merge_simple(tc, 3, 3, 8, 512, SMLA_DTYPE_F32, SMLA_DTYPE_F32, 0); }
+/* More partials than a warp's lanes (each lane folds several) and than the GPU kernel's
+ * staged chunk of 128 weights; dv 36 and 17 take the 4-wide and the scalar paths. */
+static void c_merge_p40(t_case *tc) { merge_simple(tc, 40, 3, 4, 36, SMLA_DTYPE_F32, SMLA_DTYPE_BF16, 1); }
+static void c_merge_p150(t_case *tc) { merge_simple(tc, 150, 2, 3, 17, SMLA_DTYPE_BF16, SMLA_DTYPE_F32, 1); }
 
 /* About 40% of the partials are -inf (out_p NaN: must not leak); (0, 0) has a single
  * live partial, whose weight must be exactly 1. */
@@ -530,6 +534,8 @@ void t_register_ops_cases(void) {
   t_register("merge_dv_40", c_merge_dv_small);
   t_register("merge_P_1", c_merge_p1);
   t_register("merge_lse_null", c_merge_no_lse);
+  t_register("merge_p40", c_merge_p40);
+  t_register("merge_p150", c_merge_p150);
   t_register("merge_neg_inf", c_merge_neg_inf);
   t_register("merge_all_empty", c_merge_all_empty);
   t_register("merge_nan", c_merge_nan);
