@@ -28,7 +28,6 @@ typedef struct cuda_state {
   int sm_count;
   int smem_optin;  /* bytes of shared memory one block may opt in to */
   int cc_major, cc_minor;
-  int merge_pdl;   /* the forward's combine launches as a programmatic dependent (sm_90+) */
   char name[256];
 } cuda_state;
 
@@ -120,7 +119,6 @@ static smla_status cuda_init(smla_context *ctx) {
   st->sm_count = prop.multiProcessorCount;
   st->smem_optin = (int)prop.sharedMemPerBlockOptin;
   st->cc_major = prop.major;
-  st->merge_pdl = smla_cuda_merge_pdl_ok(ctx->device);
   st->cc_minor = prop.minor;
   snprintf(st->name, sizeof st->name, "%s", prop.name);
   ctx->backend_state = st;
@@ -573,7 +571,6 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p, v
   m.max_logit = p->max_logit;
   m.max_logit_stride_t = p->max_logit_stride_t;
   m.sink = p->sink;
-  m.pdl = st->merge_pdl; /* its launch overlaps the forward's tail; it waits for the grid */
   return launched(ctx, prev, smla_cuda_merge(&m, stream), "smla_forward: combine kernel");
 }
 

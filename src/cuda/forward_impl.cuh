@@ -115,7 +115,6 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
   const int lr = tid >> 2, lp = tid & 3; /* loader: row of the tile, quarter of the row */
 
   const fwd_block blk = fwd_block_of(a);
-  grid_dep_launch(); /* the combine may be scheduled now; it waits for this grid to end */
   const int64_t t = blk.t;
   const int grp = blk.grp, split = blk.split, ks = blk.ks, kend = blk.kend;
   const int ntiles = blk.ntiles, h0 = grp * M;

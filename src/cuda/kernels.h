@@ -80,14 +80,9 @@ typedef struct smla_cuda_merge_args {
   float *max_logit;            /* [T][N] = max over p of max_p; NULL unless max_p is set */
   int64_t max_logit_stride_t;
   const float *sink;           /* [N]: out *= 1 / (1 + exp(sink[h] - lse)); may be NULL */
-  int pdl;                     /* launch as a programmatic dependent of the previous kernel
-                                  on the stream (only where smla_cuda_merge_pdl_ok) */
 } smla_cuda_merge_args;
 
 cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stream);
-/* 1 when `device` can take the merge kernel as a programmatic dependent launch: sm_90+ and
- * machine code built for sm_90+ (with its griddepcontrol.wait). Host-side, any time. */
-int smla_cuda_merge_pdl_ok(int device);
 
 /* ---- 4. forward (forward_bf16.cu, forward_fp8.cu, forward_ds.cu) ----------------------- */
 

@@ -14,6 +14,7 @@
 
 #define MERGE_THREADS 128 /* one block per (t, h); 4 values per thread covers dv = 512 */
 #define MERGE_CHUNK 128   /* partials whose weights are staged in shared memory at once */
+#define MERGE_UNROLL 8    /* partial rows loaded before the first is used */
 
 /* 4 values (vec) or 1 from element `off` of a float or bf16 array. */
 __device__ __forceinline__ void load4(const void *base, int bf16, int64_t off, int vec,
@@ -61,25 +62,12 @@ __device__ __forceinline__ void store4(void *base, int bf16, int64_t off, int ve
   }
 }
 
-/* (m, s) <- the log-sum-exp pair of (m, s) and (m2, s2): s = sum exp(l - m) over the
- * finite l seen; m = -inf while none was seen. */
-__device__ __forceinline__ void lse_join(float &m, float &s, float m2, float s2) {
-  const float mn = fmaxf(m, m2);
-  if (mn == -INFINITY) return;
-  s = s * expf(m - mn) + s2 * expf(m2 - mn); /* expf(-inf) = 0 */
-  m = mn;
-}
-
-/* One block per (t, h). Warp 0 reads the P lse values once (each lane keeps an online
- * max and sum; lse and max_p loads in flight together), joins them across the warp and
- * turns the first MERGE_CHUNK into weights in shared memory; one block barrier; then
- * every thread sweeps its 4 (or 1..4 scalar) output values over the P partial rows, UNROLL
- * independent loads in flight (the tail padded with reloads of a row read anyway, weight
- * off): a T=1 N=16 P=32 combine is two L2 round trips after the lse one. A partial with
- * lse = -inf is never read: its load is pointed at a partial that is read anyway and its
- * contribution is selected away. In the forward's combine the kernel is launched as a
- * programmatic dependent of the forward grid (sm_90+): grid_dep_wait first. */
-template <int VEC, int UNROLL>
+/* One block per (t, h). Warp 0 reduces the P lse values (max, then sum of exp); then
+ * every thread sweeps its 4 (or 1..4 scalar) output values over the P partial rows,
+ * MERGE_UNROLL independent 16-byte loads in flight: a T=1 N=16 P=32 combine is a few
+ * L2 round trips, not P of them. A partial with lse = -inf is never read: its load is
+ * pointed at a partial that is read anyway and its contribution is selected away. */
+template <int VEC>
 __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const smla_cuda_merge_args a) {
   constexpr int vec = VEC, step = VEC ? 4 : 1, nc = VEC ? 1 : 4;
   __shared__ float w_s[MERGE_CHUNK];
@@ -92,47 +80,42 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const smla_cuda_me
   const int h = (int)(row % a.num_heads);
   const float *lse_p = a.lse_p + t * a.lse_p_stride_t + h;
   const float NEG_INF = -INFINITY;
-  grid_dep_wait();
 
   if (tid < 32) {
-    const bool want_max = a.max_p && a.max_logit;
-    float mx = NEG_INF, sum = 0.0f, m = NEG_INF;
-    int bad = 0, valid = -1;
+    float mx = NEG_INF;
+    int nan = 0, valid = -1;
     for (int p = lane; p < a.num_partials; p += 32) {
       const float l = lse_p[p * a.lse_p_stride_p];
-      const float mp =
-          want_max ? a.max_p[t * a.max_p_stride_t + h + p * a.max_p_stride_p] : NEG_INF;
-      if (p < MERGE_CHUNK) w_s[p] = l; /* read back by this lane below */
-      bad |= l != l || l == INFINITY;   /* NaN or +inf: the row is NaN (SPEC §4) */
-      if (l != NEG_INF) {
-        lse_join(mx, sum, l, 1.0f);
-        if (valid < 0) valid = p;
-      }
-      m = fmax_nan(m, mp);
+      mx = fmaxf(mx, l); /* skips NaN: counted apart so that it propagates */
+      nan |= l != l;
+      if (l != NEG_INF && valid < 0) valid = p;
     }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) {
-      const float mx2 = __shfl_xor_sync(0xffffffffu, mx, o);
-      const float sum2 = __shfl_xor_sync(0xffffffffu, sum, o);
-      lse_join(mx, sum, mx2, sum2);
-      m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
-    }
-    bad = __any_sync(0xffffffffu, bad);
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    nan = __any_sync(0xffffffffu, nan);
     valid = __reduce_max_sync(0xffffffffu, (unsigned)(valid + 1)) - 1; /* some valid one */
-    const float lse = bad ? NAN : mx == NEG_INF ? NEG_INF : mx + logf(sum);
-    /* Weights of the first chunk, each lane over the entries it stored. */
-    for (int p = lane; p < min(a.num_partials, MERGE_CHUNK); p += 32) {
-      const float l = w_s[p];
-      const bool skip = l == NEG_INF;
-      w_s[p] = skip ? -1.0f : expf(l - lse); /* -1: contributes nothing (NaN stays) */
-      idx_s[p] = skip ? valid : p;
+    float lse = NEG_INF;
+    if (nan) {
+      lse = NAN;
+    } else if (mx != NEG_INF) {
+      float sum = 0.0f;
+      for (int p = lane; p < a.num_partials; p += 32) {
+        const float l = lse_p[p * a.lse_p_stride_p];
+        if (l != NEG_INF) sum += expf(l - mx);
+      }
+      for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      lse = mx + logf(sum);
     }
+    float m = NEG_INF;
+    if (a.max_p && a.max_logit)
+      for (int p = lane; p < a.num_partials; p += 32)
+        m = fmax_nan(m, a.max_p[t * a.max_p_stride_t + h + p * a.max_p_stride_p]);
+    for (int o = 16; o; o >>= 1) m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (lane == 0) {
       lse_s = lse;
       factor_s = a.sink && lse != NEG_INF ? 1.0f / (1.0f + expf(a.sink[h] - lse)) : 1.0f;
       valid_s = valid;
       if (a.lse) a.lse[t * a.lse_stride_t + h] = lse;
-      if (want_max) a.max_logit[t * a.max_logit_stride_t + h] = m;
+      if (a.max_p && a.max_logit) a.max_logit[t * a.max_logit_stride_t + h] = m;
     }
   }
   __syncthreads();
@@ -148,35 +131,39 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const smla_cuda_me
   if (lse != NEG_INF) {
     for (int p0 = 0; p0 < a.num_partials; p0 += MERGE_CHUNK) {
       const int n = min(MERGE_CHUNK, a.num_partials - p0);
-      if (p0 > 0) { /* later chunks: weights from global memory */
-        __syncthreads(); /* the previous chunk's weights were read */
-        for (int i = tid; i < n; i += MERGE_THREADS) {
-          const float l = lse_p[(p0 + i) * a.lse_p_stride_p];
-          const bool skip = l == NEG_INF;
-          w_s[i] = skip ? -1.0f : expf(l - lse);
-          idx_s[i] = skip ? valid_s : p0 + i;
-        }
-        __syncthreads();
+      for (int i = tid; i < n; i += MERGE_THREADS) {
+        const float l = lse_p[(p0 + i) * a.lse_p_stride_p];
+        const bool skip = l == NEG_INF;
+        w_s[i] = skip ? -1.0f : expf(l - lse); /* -1: contributes nothing (NaN stays) */
+        idx_s[i] = skip ? valid_s : p0 + i;
       }
+      __syncthreads();
 #pragma unroll
       for (int c = 0; c < nc; c++) {
         const int d0 = step * tid + MERGE_THREADS * step * c;
         if (d0 >= a.dv) break;
-        for (int i = 0; i < n; i += UNROLL) {
-          float v[UNROLL][4], w[UNROLL];
+        int i = 0;
+        for (; i + MERGE_UNROLL <= n; i += MERGE_UNROLL) {
+          float v[MERGE_UNROLL][4];
 #pragma unroll
-          for (int u = 0; u < UNROLL; u++) {
-            const bool in = i + u < n;
-            w[u] = in ? w_s[i + u] : -1.0f;
-            load4(a.out_p, a.out_p_bf16,
-                  in_off + (int64_t)idx_s[in ? i + u : 0] * a.out_p_stride_p + d0, vec, v[u]);
+          for (int u = 0; u < MERGE_UNROLL; u++)
+            load4(a.out_p, a.out_p_bf16, in_off + idx_s[i + u] * a.out_p_stride_p + d0, vec, v[u]);
+#pragma unroll
+          for (int u = 0; u < MERGE_UNROLL; u++) {
+            const float w = w_s[i + u];
+#pragma unroll
+            for (int e = 0; e < step; e++) acc[c][e] += w < 0.0f ? 0.0f : w * v[u][e];
           }
+        }
+        for (; i < n; i++) {
+          float v[4];
+          load4(a.out_p, a.out_p_bf16, in_off + idx_s[i] * a.out_p_stride_p + d0, vec, v);
+          const float w = w_s[i];
 #pragma unroll
-          for (int u = 0; u < UNROLL; u++)
-#pragma unroll
-            for (int e = 0; e < step; e++) acc[c][e] += w[u] < 0.0f ? 0.0f : w[u] * v[u][e];
+          for (int e = 0; e < step; e++) acc[c][e] += w < 0.0f ? 0.0f : w * v[e];
         }
       }
+      __syncthreads();
     }
   }
 #pragma unroll
@@ -195,24 +182,6 @@ static int aligned4(const void *p, int64_t elem_bytes, int64_t s0, int64_t s1, i
          (s1 * elem_bytes) % q == 0 && (s2 * elem_bytes) % q == 0;
 }
 
-template <int VEC, int UNROLL>
-static cudaError_t merge_launch(const smla_cuda_merge_args *a, unsigned blocks, void *stream) {
-  if (!a->pdl) {
-    merge_kernel<VEC, UNROLL><<<blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
-    return cudaGetLastError();
-  }
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(MERGE_THREADS);
-  cfg.stream = (cudaStream_t)stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, merge_kernel<VEC, UNROLL>, *a);
-}
-
 extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stream) {
   const int64_t blocks = a->num_tokens * a->num_heads; /* one per (t, h) */
   if (blocks <= 0) return cudaSuccess;
@@ -221,37 +190,9 @@ extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stre
                   aligned4(a->out_p, a->out_p_bf16 ? 2 : 4, a->out_p_stride_p,
                            a->out_p_stride_t, a->out_p_stride_h) &&
                   aligned4(a->out, a->out_bf16 ? 2 : 4, 0, a->out_stride_t, a->out_stride_h);
-  const int wide = a->num_partials > 8; /* 16 loads in flight per thread, else 8 */
-  const unsigned b = (unsigned)blocks;
-  if (vec) return wide ? merge_launch<1, 16>(a, b, stream) : merge_launch<1, 8>(a, b, stream);
-  return wide ? merge_launch<0, 16>(a, b, stream) : merge_launch<0, 8>(a, b, stream);
-}
-
-/* Whether the merge kernel may be launched programmatically (args.pdl) on `device`: an
- * sm_90+ device running machine code built for sm_90+ (so that grid_dep_wait is in it;
- * PTX of an older target JIT-compiled for a newer GPU has it compiled out). */
-extern "C" int smla_cuda_merge_pdl_ok(int device) {
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      major < 9) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  int prev = -1;
-  if (cudaGetDevice(&prev) != cudaSuccess) { (void)cudaGetLastError(); return 0; }
-  if (prev != device && cudaSetDevice(device) != cudaSuccess) { (void)cudaGetLastError(); return 0; }
-  int ok = 1;
-  struct cudaFuncAttributes fa;
-  const void *const fns[4] = {(const void *)merge_kernel<0, 8>, (const void *)merge_kernel<0, 16>,
-                              (const void *)merge_kernel<1, 8>, (const void *)merge_kernel<1, 16>};
-  for (int i = 0; i < 4 && ok; i++) {
-    if (cudaFuncGetAttributes(&fa, fns[i]) != cudaSuccess) {
-      (void)cudaGetLastError();
-      ok = 0;
-    } else if (fa.ptxVersion < 90) {
-      ok = 0;
-    }
-  }
-  if (prev != device) (void)cudaSetDevice(prev);
-  return ok;
+  if (vec)
+    merge_kernel<1><<<(unsigned)blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
+  else
+    merge_kernel<0><<<(unsigned)blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
+  return cudaGetLastError();
 }

@@ -86,24 +86,4 @@ __device__ __forceinline__ uint4 ld_nc_16(const void *p) {
   return v;
 }
 
-/* griddepcontrol.wait (sm_90+): waits until the grids this one programmatically depends on
- * (a launch with cudaLaunchAttributeProgrammaticStreamSerialization) have completed and
- * their writes are visible; a no-op in a normal launch. Compiled out below sm_90, so a
- * kernel built that way must not be launched programmatically (see smla_cuda_merge_pdl). */
-__device__ __forceinline__ void grid_dep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-/* griddepcontrol.launch_dependents (sm_90+): this block no longer holds back the launch of
- * a programmatic dependent grid (which still waits for this grid's completion with
- * grid_dep_wait before touching its results). A hint: without it the dependent launches
- * when this grid's blocks have exited. */
-__device__ __forceinline__ void grid_dep_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 #endif /* SMLA_CUDA_PTX_CUH */
