@@ -119,10 +119,14 @@ test-c: all
 	$(TESTS)
 	$(EXAMPLE)
 
+# The Python binding's tests (python/tests): numpy on the CPU always; with torch also the
+# torch CPU tests, and with a GPU the CUDA ones (each skipped case says why).
+# PYTHON=/path/to/python picks the interpreter (e.g. a venv with torch).
+PYTHON ?= python3
 test-python: lib
 	@if [ ! -d python/tests ]; then echo "python tests: none yet"; \
-	elif python3 -c 'import numpy, pytest' 2>/dev/null; then \
-	  SMLA_LIBRARY=$(abspath $(BUILD)/libsmla.so) PYTHONPATH=$(abspath python) python3 -m pytest -q python/tests; \
+	elif $(PYTHON) -c 'import numpy, pytest' 2>/dev/null; then \
+	  SMLA_LIBRARY=$(abspath $(BUILD)/libsmla.so) PYTHONPATH=$(abspath python) $(PYTHON) -m pytest -q -rs python/tests; \
 	else echo "python tests: SKIPPED (numpy and pytest not installed; .ci/run installs them)"; fi
 
 bench: $(CLI)

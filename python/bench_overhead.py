@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Host overhead of the Python binding per forward call, against the bare C call.
+
+    python3 python/bench_overhead.py [--heads 16] [--topk 2048] [--batches 200] [--json F]
+
+On CUDA (torch with a GPU) it times T=1 decode forwards; else the CPU backend with tiny
+shapes (1 thread). Every variant runs in batches of --calls calls whose host time is
+measured (on CUDA the GPU is synchronized between batches, outside the timed part, so the
+launch queue never fills and blocks); the figure is the median over batches of the time
+per call. Variants, interleaved round by round:
+
+  c            smla_forward() through ctypes with a params struct filled once: the floor
+               (what a C++ engine would pay, plus ctypes' ~0.5 µs call)
+  eager        smla.forward(q, None, kv, slots, lengths=lengths) with kv an smla.KVCache
+               (made once, as an engine does at start-up): checks, cached plan lookup,
+               out from torch's allocator, launch on the current stream. The bar.
+  eager_lse    the same with return_lse=True (a second allocation)
+  eager_raw    the same with the bare cache tensor instead of a KVCache (its layout is
+               looked up by shape and strides on every call)
+  plan_out     plan.forward(..., out=, lse=) on preallocated outputs (no allocation)
+  custom_op    torch.ops.smla.forward(...) through the torch dispatcher (what a compiled
+               graph calls; shown for reference, not on the eager path)
+
+overhead = variant - c. The issue's bar: eager - c < 10 µs at T=1.
+"""
+
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import smla  # noqa: E402
+from smla import _lib, _ops  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--heads", type=int, default=None, help="N (default 16 on CUDA, 1 on CPU)")
+    ap.add_argument("--topk", type=int, default=None, help="K (default 2048 on CUDA, 8 on CPU)")
+    ap.add_argument("--tokens", type=int, default=1, help="T (default 1)")
+    ap.add_argument("--batches", type=int, default=200)
+    ap.add_argument("--calls", type=int, default=20, help="calls per timed batch")
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--cpu", action="store_true", help="the CPU even when a GPU is there")
+    ap.add_argument("--gc", action="store_true", help="leave Python's garbage collector on "
+                    "while timing (default: off, for steadier medians)")
+    a = ap.parse_args()
+
+    cuda = torch is not None and torch.cuda.is_available() and not a.cpu
+    N = a.heads or (16 if cuda else 1)
+    K = a.topk or (2048 if cuda else 8)
+    T = a.tokens
+    S = 65536 if cuda else 64
+    if torch is None:
+        print("torch is not installed: timing the numpy path on the CPU")
+    if not cuda:
+        smla.set_num_threads(1)
+    dev = "cuda" if cuda else "cpu"
+
+    if torch is not None:
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn((T, N, 576), generator=g).to(torch.bfloat16).to(dev)
+        cache = torch.randn((S, 576), generator=g).to(torch.bfloat16).to(dev)
+        slots = torch.randint(0, S, (T, K), generator=g, dtype=torch.int32).to(dev)
+        lengths = torch.full((T,), K, dtype=torch.int32, device=dev)
+        ptr = lambda x: x.data_ptr()  # noqa: E731
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+    else:
+        import numpy as np
+        rng = np.random.default_rng(0)
+        q = smla.bf16_from_f32(rng.standard_normal((T, N, 576)))
+        cache = smla.bf16_from_f32(rng.standard_normal((S, 576)))
+        slots = rng.integers(0, S, (T, K)).astype(np.int32)
+        lengths = np.full(T, K, np.int32)
+        ptr = lambda x: x.ctypes.data  # noqa: E731
+        sync = lambda: None  # noqa: E731
+
+    kv = smla.KVCache(cache)
+    out0, lse0 = smla.forward(q, None, cache, slots, lengths=lengths, return_lse=True)  # plan
+    plan = _ops.auto_plan(_ops.device_index(dev), N, K, 64, 0, T)
+    print("device: %s; torch %s; python %s; gc %s" % (
+        torch.cuda.get_device_name() if cuda else "cpu (1 thread)",
+        torch.__version__ if torch is not None else "none", sys.version.split()[0],
+        "on" if a.gc else "off"))
+    print("shape: T=%d N=%d K=%d bf16 cache, S=%d; plan: %s" % (T, N, K, S, plan.describe))
+    out_pre = smla.forward(q, None, kv, slots, lengths=lengths, plan=plan)
+    lse_pre = lse0.clone() if torch is not None else lse0.copy()
+
+    if not a.gc:
+        gc.disable()  # steadier medians; --gc keeps the collector's pauses in
+    # The floor: one params struct, filled once, handed to smla_forward as is.
+    p = _lib.smla_forward_params()
+    p.num_tokens, p.num_heads, p.topk = T, N, K
+    p.q_nope, p.q_nope_stride_t, p.q_nope_stride_h = ptr(q), N * 576, 576
+    p.q_pe, p.q_pe_stride_t, p.q_pe_stride_h = ptr(q) + 1024, N * 576, 576
+    p.cache = _lib.smla_cache(0, 64, S, 1152, ptr(cache), 0.0)
+    p.slots, p.slots_stride, p.lengths = ptr(slots), K, ptr(lengths)
+    p.sm_scale = 1 / math.sqrt(576)
+    p.out, p.out_stride_t, p.out_stride_h = ptr(out_pre), N * 512, 512
+    p.lse, p.lse_stride_t = ptr(lse_pre), N
+    addr = _lib.ctypes.addressof(p)
+    handle = plan._handle
+    fwd_c = _lib.lib.smla_forward
+    stream = (torch.cuda.current_stream().cuda_stream if cuda else None)
+
+    def c_call():
+        return fwd_c(handle, addr, stream)
+
+    def eager():
+        return smla.forward(q, None, kv, slots, lengths=lengths)
+
+    def eager_lse():
+        return smla.forward(q, None, kv, slots, lengths=lengths, return_lse=True)
+
+    def eager_raw():
+        return smla.forward(q, None, cache, slots, lengths=lengths, return_lse=True)
+
+    def plan_out():
+        return plan.forward(q, None, kv, slots, lengths=lengths, out=out_pre, lse=lse_pre)
+
+    variants = [("c", c_call), ("eager", eager), ("eager_lse", eager_lse),
+                ("eager_raw", eager_raw), ("plan_out", plan_out)]
+    if torch is not None and hasattr(torch.ops, "smla") and hasattr(torch.library, "custom_op"):
+        def custom_op():
+            return torch.ops.smla.forward(q, None, cache, slots, lengths, None, None, 0, 64,
+                                          0.0, p.sm_scale, 0.0, True, False, 0)
+        variants.append(("custom_op", custom_op))
+
+    assert c_call() == 0
+    for _, f in variants:  # warm-up
+        for _ in range(50):
+            f()
+    sync()
+    per = {name: [] for name, _ in variants}
+    clock = time.perf_counter_ns
+    for _ in range(a.batches):
+        for name, f in variants:
+            sync()
+            t0 = clock()
+            for _ in range(a.calls):
+                f()
+            t1 = clock()
+            per[name].append((t1 - t0) / a.calls / 1000.0)
+    sync()
+
+    med = {k: statistics.median(v) for k, v in per.items()}
+    print("\nhost time per forward call (median of %d batches of %d calls), µs:"
+          % (a.batches, a.calls))
+    for name, _ in variants:
+        extra = "" if name == "c" else "   overhead vs c: %+.2f" % (med[name] - med["c"])
+        print("  %-10s %7.2f%s" % (name, med[name], extra))
+    over = med["eager"] - med["c"]
+    verdict = "PASS" if over < 10.0 else "FAIL"
+    print("\nbinding overhead, eager smla.forward at T=%d: %.2f µs (%s: bar < 10 µs)"
+          % (T, over, verdict))
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"device": torch.cuda.get_device_name() if cuda else "cpu",
+                       "T": T, "N": N, "K": K, "median_us": med,
+                       "overhead_eager_us": over, "verdict": verdict,
+                       "torch": torch.__version__ if torch is not None else None,
+                       "smla": smla.version(), "library": smla.library_path}, fh, indent=1)
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
