@@ -504,6 +504,23 @@ def forward(q_nope, q_pe=None, cache=None, slots=None, *, sm_scale=None, lengths
     return (out, max_logit) if want_max else out
 
 
+def _row_stat_out(x, want, like, fn, name, kind, dev, T, N):
+    """A [T, N] float32 per-row output (lse, max_logit) of forward: (pointer, row stride,
+    array). Allocated like `like` when not given; (0, 0, None) when not wanted."""
+    if not want:
+        return 0, 0, x
+    if x is None:
+        if kind == TORCH:
+            x = like.new_empty((T, N), dtype=_f32)
+            return x.data_ptr(), N, x
+        x = new(kind, dev, (T, N), "f32")
+        return x.ctypes.data, N, x
+    p, shp, st, x = arg(x, fn, name, _F32, 2, kind, dev)
+    if shp[0] != T or shp[1] != N:
+        fail(fn, name, "expected shape [%d, %d], got %s" % (T, N, tuple(shp)))
+    return p, st[0], x
+
+
 def forward_into(q_nope, q_pe, cache, slots, sm_scale, lengths, softcap, sink, format, dr,
                  scale, want_lse, want_max, out, lse, max_logit, bad_inputs, plan, stream,
                  fn="forward", fast=True):
@@ -570,38 +587,9 @@ def forward_into(q_nope, q_pe, cache, slots, sm_scale, lengths, softcap, sink, f
         op, os_, ost, out = arg(out, fn, "out", _BF16, 3, kind, dev)
         if os_[0] != T or os_[1] != N or os_[2] != DC:
             fail(fn, "out", "expected shape [%d, %d, 512], got %s" % (T, N, tuple(os_)))
-    if want_lse:
-        if lse is None:
-            if kind == TORCH:
-                lse = q_nope.new_empty((T, N), dtype=_f32)
-                ep = lse.data_ptr()
-            else:
-                lse = new(kind, dev, (T, N), "f32")
-                ep = lse.ctypes.data
-            est = N
-        else:
-            ep, es, est, lse = arg(lse, fn, "lse", _F32, 2, kind, dev)
-            if es[0] != T or es[1] != N:
-                fail(fn, "lse", "expected shape [%d, %d], got %s" % (T, N, tuple(es)))
-            est = est[0]
-    else:
-        ep, est = 0, 0
-    if want_max:
-        if max_logit is None:
-            if kind == TORCH:
-                max_logit = q_nope.new_empty((T, N), dtype=_f32)
-                mp = max_logit.data_ptr()
-            else:
-                max_logit = new(kind, dev, (T, N), "f32")
-                mp = max_logit.ctypes.data
-            mst = N
-        else:
-            mp, ms, mst, max_logit = arg(max_logit, fn, "max_logit", _F32, 2, kind, dev)
-            if ms[0] != T or ms[1] != N:
-                fail(fn, "max_logit", "expected shape [%d, %d], got %s" % (T, N, tuple(ms)))
-            mst = mst[0]
-    else:
-        mp, mst = 0, 0
+    ep, est, lse = _row_stat_out(lse, want_lse, q_nope, fn, "lse", kind, dev, T, N)
+    mp, mst, max_logit = _row_stat_out(max_logit, want_max, q_nope, fn, "max_logit", kind, dev,
+                                       T, N)
     if bad_inputs is not None:
         bp, bs, _, _ = arg(bad_inputs, fn, "bad_inputs", _COUNTER, 1, kind, dev)
         if bs[0] < 1:
