@@ -61,6 +61,7 @@ TESTS := $(BUILD)/test_smla
 EXAMPLE := $(BUILD)/decode_step
 
 .PHONY: all lib test test-c test-python bench plot install clean sanitize fuzz
+.DEFAULT_GOAL := all
 all: lib $(CLI) $(TESTS) $(EXAMPLE)
 lib: $(STATIC) $(SHARED) $(BUILD)/libsmla.so
 

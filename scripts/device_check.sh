@@ -28,7 +28,7 @@ if has bench; then
 fi
 if has sanitize; then
   t=$(date +%s)
-  SANITIZER_LOG_DIR=/tmp/san timeout ${SAN_TIMEOUT:-240} scripts/sanitize_gpu.sh build/test_smla >"$O/sanitize.log" 2>&1
+  SANITIZER_PARALLEL=${SANITIZER_PARALLEL:-1} SANITIZER_LOG_DIR=/tmp/san timeout ${SAN_TIMEOUT:-240} scripts/sanitize_gpu.sh build/test_smla >"$O/sanitize.log" 2>&1
   rc=$?
   summary+=("sanitize: rc $rc ($(( $(date +%s) - t )) s): $(grep -E 'ok|FAILED|clean' "$O/sanitize.log" | tr '\n' ';')")
 fi

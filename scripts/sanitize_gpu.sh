@@ -7,7 +7,9 @@
 #
 # Environment: SANITIZER (path of compute-sanitizer, default: PATH, then CUDA's bin),
 # SANITIZER_TOOLS (default "memcheck racecheck initcheck synccheck"), SANITIZER_LOG_DIR
-# (a folder for one log per tool; default a temporary one, removed on success).
+# (a folder for one log per tool; default a temporary one, removed on success),
+# SANITIZER_PARALLEL=1 (run the tools concurrently). The program sees
+# SMLA_TEST_UNDER_SANITIZER=1 (the GPU stress test then skips its timing loops).
 # With no GPU or no compute-sanitizer it prints SKIPPED and exits 0, unless
 # SMLA_REQUIRE_GPU=1 (then exit 1). Build first: make.
 set -u
@@ -43,17 +45,17 @@ keep=1
 if [ -z "$logdir" ]; then logdir=$(mktemp -d); keep=0; fi
 mkdir -p "$logdir"
 
-status=0
-for tool in $tools; do
-  extra=()
+# One tool's run; its verdict goes to $logdir/$tool.verdict ("ok" or the failure line).
+run_tool() {
+  local tool=$1 extra=() log rc secs errs start
   [ "$tool" = racecheck ] && extra=(--racecheck-detect-level error)
   log=$logdir/$tool.log
   start=$(date +%s)
   # --report-api-errors no: the library probes the capture state on purpose
   # (cudaStreamIsCapturing answers cudaErrorStreamCaptureImplicit during capture); the
   # programs check every API result themselves.
-  "$san" --tool "$tool" "${extra[@]}" --report-api-errors no --error-exitcode 97 --print-limit 20 \
-    "$prog" "$@" >"$log" 2>&1
+  SMLA_TEST_UNDER_SANITIZER=1 "$san" --tool "$tool" "${extra[@]}" --report-api-errors no \
+    --error-exitcode 97 --print-limit 20 "$prog" "$@" >"$log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - start ))
   # "ERROR SUMMARY: n errors" (racecheck: "RACECHECK SUMMARY: h hazards displayed (n
@@ -61,12 +63,27 @@ for tool in $tools; do
   errs=$( { grep -Eo 'ERROR SUMMARY: [0-9]+' "$log" | grep -Eo '[0-9]+$';
             grep -Eo '\([0-9]+ errors' "$log" | grep -Eo '[0-9]+'; } | sort -n | tail -1)
   if [ "$rc" -ne 0 ] || [ "${errs:-0}" -ne 0 ]; then
-    echo "sanitize_gpu: $tool FAILED (exit $rc, ${errs:-?} errors, ${secs}s); log: $log"
-    grep -E '=========' "$log" | head -40
+    echo "sanitize_gpu: $tool FAILED (exit $rc, ${errs:-?} errors, ${secs}s); log: $log" >"$logdir/$tool.verdict"
+  else
+    echo "sanitize_gpu: $tool ok (${secs}s)" >"$logdir/$tool.verdict"
+  fi
+}
+
+# SANITIZER_PARALLEL=1 runs the tools at the same time (one process each, sharing the GPU):
+# the wall time is the slowest tool's rather than the sum.
+if [ "${SANITIZER_PARALLEL:-0}" = 1 ]; then
+  for tool in $tools; do run_tool "$tool" "$@" & done
+  wait
+else
+  for tool in $tools; do run_tool "$tool" "$@"; done
+fi
+status=0
+for tool in $tools; do
+  cat "$logdir/$tool.verdict"
+  if ! grep -q " ok (" "$logdir/$tool.verdict"; then
+    grep -E '=========' "$logdir/$tool.log" | head -40
     status=1
     keep=1
-  else
-    echo "sanitize_gpu: $tool ok (${secs}s)"
   fi
 done
 
