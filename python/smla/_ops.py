@@ -532,13 +532,12 @@ def forward_into(q_nope, q_pe, cache, slots, sm_scale, lengths, softcap, sink, f
                                 bad_inputs, plan, stream)
         if r is not None:
             return r
-        kind = TORCH
+    kind = kind_of(q_nope, fn, "q_nope")
+    dev = -1
+    if kind == TORCH:  # q_nope decides the device every other argument must be on
         dev = q_nope.get_device()
         if dev < 0 and q_nope.device.type != "cpu":
             fail(fn, "q_nope", "is on %s; smla runs on cpu and cuda" % q_nope.device)
-    else:
-        kind = kind_of(q_nope, fn, "q_nope")
-        dev = -1
     qp, qs, qst, qkeep = arg(q_nope, fn, "q_nope", _BF16, 3, kind, dev)
     T, N, W = qs
     cp, fmt, cdr, S, row_bytes, cscale, ckeep = _resolve_cache(cache, format, dr, scale, fn,
