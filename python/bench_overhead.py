@@ -163,7 +163,7 @@ def main():
         print("  %-10s %7.2f%s" % (name, med[name], extra))
     if torch is not None:
         try:
-            parts = breakdown(q, slots, lengths, plan, dev, clock)
+            parts = breakdown(q, slots, lengths, plan, kv, clock, fwd_c, handle, addr, stream)
             print("\npieces of the eager path, host µs each (median of 200 x 200):")
             for k, v in parts.items():
                 print("  %-28s %6.3f" % (k, v))
@@ -183,13 +183,25 @@ def main():
     return 0 if verdict == "PASS" else 1
 
 
-def breakdown(q, slots, lengths, plan, dev, clock):
+def breakdown(q, slots, lengths, plan, kv, clock, fwd_c, handle, addr, stream):
     """Times the torch calls the eager fast path makes, one by one: where the overhead
     goes (for whoever makes it smaller)."""
     from smla import _ops as o
     T, N = q.shape[0], q.shape[1]
     f32 = torch.float32
+    di = q.get_device()
+    qdev = q.device
     pieces = {
+        "ctypes smla_forward (c)": lambda: fwd_c(handle, addr, stream),
+        "fast path, out given": lambda: o._forward_torch_fast(
+            q, None, kv, slots, None, lengths, 0.0, None, None, None, False, False,
+            plan_out_t, None, None, None, plan, None),
+        "fast path, out allocated": lambda: o._forward_torch_fast(
+            q, None, kv, slots, None, lengths, 0.0, None, None, None, False, False,
+            None, None, None, None, plan, None),
+        "torch.empty(device=q.device)": lambda: torch.empty((T, N, 512), dtype=torch.bfloat16,
+                                                            device=qdev),
+        "_is_compiling()": (lambda: o._is_compiling()) if o._is_compiling else (lambda: 0),
         "q.get_device()": lambda: q.get_device(),
         "q.shape": lambda: q.shape,
         "q.stride()": lambda: q.stride(),
@@ -198,7 +210,7 @@ def breakdown(q, slots, lengths, plan, dev, clock):
         "lengths.shape != (T,)": lambda: lengths.shape != (T,),
         "q.new_empty out [T,N,512]": lambda: q.new_empty((T, N, 512)),
         "q.new_empty lse f32": lambda: q.new_empty((T, N), dtype=f32),
-        "raw current stream": (lambda: o._raw_stream(dev)) if dev == "cuda" and
+        "raw current stream": (lambda: o._raw_stream(di)) if di >= 0 and
         o._raw_stream is not None else (lambda: None),
         "pack params (_FWD.pack_into)": lambda: o._FWD.pack_into(
             plan._params, 0, T, N, 2048, 0, 0, 0, 0, 0, 0, 0, 64, 1, 1152, 0, 0.0, 0, 0, 0,
@@ -206,6 +218,7 @@ def breakdown(q, slots, lengths, plan, dev, clock):
         "empty python call f(*18)": lambda: _nop(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
                                                 14, 15, 16, 17, 18),
     }
+    plan_out_t = q.new_empty((T, N, 512))
     res = {}
     for name, f in pieces.items():
         samples = []

@@ -48,6 +48,7 @@ mkdir -p "$logdir"
 # One tool's run; its verdict goes to $logdir/$tool.verdict ("ok" or the failure line).
 run_tool() {
   local tool=$1 extra=() log rc secs errs start
+  shift  # the rest: the program's arguments
   [ "$tool" = racecheck ] && extra=(--racecheck-detect-level error)
   log=$logdir/$tool.log
   start=$(date +%s)
