@@ -650,6 +650,49 @@ def _cache_fast(cache, format, dr, dev):
     return (cache.data_ptr(),) + lay + (0.0,)
 
 
+# ---- small eager outputs from a pooled slab ---------------------------------------------------------
+# torch's allocator costs ~4-5 µs per tensor (allocation and free) on the H200 machine's host,
+# half of the host-overhead bar by itself. For small eager CUDA forwards the fast path takes
+# out (and lse) from a slab of up to _SLAB_BYTES made by one allocation and cut into views
+# by one unbind: each view is handed out once and never reused, so results never alias; the
+# slab's memory returns to torch's allocator when its last view is dropped (a held output
+# keeps at most one slab alive). One pool per (device, stream, shape, dtype, inference
+# mode): a slab is only used on the stream it was allocated on, as torch's allocator wants.
+# Not during CUDA graph capture (outputs then come from the graph's pool as usual), not for
+# an explicit stream argument, not for outputs over _POOL_MAX_BYTES.
+_SLAB_BYTES = 2 << 20
+_POOL_MAX_BYTES = 256 << 10
+_pools = {}
+if torch is not None and torch.cuda.is_available():
+    _capturing_now = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    _cur_device = getattr(torch._C, "_cuda_getDevice", None)
+    _inference = getattr(torch._C, "_is_inference_mode_enabled", None)
+    _pool_ok = None not in (_capturing_now, _cur_device, _inference)
+else:
+    _pool_ok = False
+
+
+def _pooled(like, shape, dtype, elem, dev, st):
+    """An uninitialized [shape] tensor of `dtype` on like's CUDA device for the current
+    stream `st`, from the pool; None when the pool does not apply (the caller allocates)."""
+    n = elem
+    for d in shape:
+        n *= d
+    if n > _POOL_MAX_BYTES or not n or _capturing_now() or _cur_device() != dev:
+        return None
+    key = (dev, st, shape, dtype, _inference())
+    views = _pools.get(key)
+    if views:
+        return views.pop()
+    count = max(2, min(64, _SLAB_BYTES // n))
+    views = list(like.new_empty((count,) + shape, dtype=dtype).unbind(0))
+    views.reverse()  # hand out in address order
+    if len(_pools) > 256:
+        _pools.clear()
+    _pools[key] = views
+    return views.pop()
+
+
 def _forward_torch_fast(q, q_pe, cache, slots, sm_scale, lengths, softcap, sink, format, dr,
                         want_lse, want_max, out, lse, max_logit, bad_inputs, plan, stream):
     dev = q.get_device()
@@ -724,12 +767,18 @@ def _forward_torch_fast(q, q_pe, cache, slots, sm_scale, lengths, softcap, sink,
             plan = auto_plan(dev, N, K, cdr, c[1], T)
     elif plan.device != dev:
         return None
+    st = (_raw_stream(dev) if stream is None else _stream(stream, dev)) if dev >= 0 else None
+    pool = _pool_ok and dev >= 0 and stream is None
     if out is None:
-        out = q.new_empty((T, N, DC))
+        out = _pooled(q, (T, N, DC), _bf16, 2, dev, st) if pool else None
+        if out is None:
+            out = q.new_empty((T, N, DC))
         ost = (N * DC, DC)
     if want_lse:
         if lse is None:
-            lse = q.new_empty((T, N), dtype=_f32)
+            lse = _pooled(q, (T, N), _f32, 4, dev, st) if pool else None
+            if lse is None:
+                lse = q.new_empty((T, N), dtype=_f32)
             est = N
         else:
             est = es[0]
@@ -745,9 +794,7 @@ def _forward_torch_fast(q, q_pe, cache, slots, sm_scale, lengths, softcap, sink,
                    cdr, c[3], c[4], c[0], c[5], slots.data_ptr(), sst[0], lp,
                    _default_scale[cdr] if sm_scale is None else sm_scale, softcap, kp,
                    out.data_ptr(), ost[0], ost[1], ep, est, mp, N, 0)
-    s = _smla_forward(plan._handle, plan._addr,
-                      (_raw_stream(dev) if stream is None else _stream(stream, dev))
-                      if dev >= 0 else None)
+    s = _smla_forward(plan._handle, plan._addr, st)
     if s:
         _lib.check(s, plan._ctx)
     return out, lse, max_logit

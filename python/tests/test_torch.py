@@ -452,6 +452,39 @@ def test_forward_on_a_side_stream():
 
 
 @needs_cuda
+def test_pooled_eager_outputs_never_alias():
+    """Small eager CUDA outputs come from pooled slabs (_ops._pooled): across more calls than
+    one slab holds, on two streams, and with lse, every result stays its own."""
+    from smla import _ops
+    cases = [make_case("cuda", "bf16", 64, 1, 16, 256, 600, seed=s) for s in (31, 32)]
+    want = []
+    for q, kv, rows, slots, lengths, sink in cases:
+        o = torch.empty((1, 16, DC), dtype=torch.bfloat16, device="cuda")
+        e = torch.empty((1, 16), dtype=torch.float32, device="cuda")
+        smla.forward(q, None, kv, slots, lengths=lengths, sink=sink, out=o, lse=e)
+        want.append((o, e))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    got = []
+    for i in range(150):  # a slab holds 64 of these outs (2 MB / 16 KB, capped at 64)
+        q, kv, rows, slots, lengths, sink = cases[i % 2]
+        if i % 3 == 2:
+            with torch.cuda.stream(side):
+                got.append((i,) + smla.forward(q, None, kv, slots, lengths=lengths, sink=sink,
+                                               return_lse=True))
+        else:
+            got.append((i, smla.forward(q, None, kv, slots, lengths=lengths, sink=sink), None))
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert len({o.data_ptr() for _, o, _ in got}) == len(got)
+    assert any(o._base is not None for _, o, _ in got) == _ops._pool_ok
+    for i, o, e in got:
+        same(o, want[i % 2][0])
+        if e is not None:
+            same(e, want[i % 2][1])
+
+
+@needs_cuda
 @needs_custom_op
 def test_compile_reduce_overhead_cuda_graphs():
     """torch.compile(mode="reduce-overhead"): inductor's CUDA graphs around the ops."""
