@@ -114,6 +114,155 @@ __device__ __forceinline__ fwd_row_out fwd_row_epilogue(const smla_cuda_fwd_args
   return r;
 }
 
+/* ---- fused split combine ------------------------------------------------------------ */
+/* With num_splits > 1 and a.combine_sync set, the S blocks of one (t, group) merge their
+ * partial states themselves instead of a second kernel doing it: each block writes its
+ * partial as usual, arrives at a per-(t, group) barrier in global memory, and once all S
+ * have arrived merges one slice of the 512 output columns (block `split` takes columns
+ * [split * cw, split * cw + cw)) from all S partials, which are in L2; split 0 also
+ * writes the rows' lse and max_logit. The merge is the one of merge.cu (exact log-sum-exp
+ * weights, a -inf partial never read, NaN propagates, the sink factor). It saves the
+ * second launch and its dependent chain of lse reads (~4-5 us of a T=1 N=16 forward);
+ * it costs one barrier round trip. Needs every block of the (t, group) resident at once:
+ * the plan fuses only when the whole grid fits in one wave of SMs. */
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+/* A sense-reversing barrier of the S blocks of one (t, group): sync[0] counts arrivals,
+ * the last arrival resets it and bumps the generation sync[1], which the others wait on.
+ * Each thread's partial stores are made visible before its block arrives. */
+__device__ __forceinline__ void fwd_combine_barrier(unsigned *sync, int S) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned gen = ld_acquire_gpu(sync + 1);
+    __threadfence();
+    if (atomicAdd(sync, 1u) == (unsigned)S - 1) {
+      atomicExch(sync, 0u);
+      __threadfence();
+      atomicAdd(sync + 1, 1u);
+    } else {
+      while (ld_acquire_gpu(sync + 1) == gen) __nanosleep(32);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+/* The merge of one column slice, by all SMLA_CUDA_FWD_THREADS threads of the block. M:
+ * heads per block. scr: shared-memory scratch of (2 * S + 2) * M floats, free to reuse. */
+__device__ __forceinline__ void fwd_fused_combine(const smla_cuda_fwd_args &a, const fwd_block &b,
+                                                  int M, float *scr) {
+  constexpr int NT = SMLA_CUDA_FWD_THREADS;
+  const float NEG_INF = -INFINITY;
+  const int S = a.num_splits, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t t = b.t;
+  const int h0 = b.grp * M, nh = min(M, a.num_heads - h0);
+  fwd_combine_barrier(a.combine_sync + 2 * (t * a.groups + b.grp), S);
+
+  const int cw = ((512 + S - 1) / S + 3) & ~3;
+  const int c0 = b.split * cw, c1 = min(512, c0 + cw);
+  const bool scalars = b.split == 0;
+  if (c0 >= c1 && !scalars) return;
+  float *w_s = scr;              /* [S][M]: lse of each partial, then its weight */
+  float *max_s = scr + S * M;    /* [S][M]: max logit of each partial */
+  float *factor_s = max_s + S * M;
+  const int64_t pstride = a.num_tokens * a.num_heads; /* partial rows per split */
+  const int64_t prow0 = t * a.num_heads + h0;
+  const bool want_max = a.max_logit != NULL && scalars;
+  for (int i = tid; i < S * nh; i += NT) {
+    const int p = i / nh, h = i - p * nh;
+    w_s[p * M + h] = __ldcg(a.part_lse + p * pstride + prow0 + h);
+    if (want_max) max_s[p * M + h] = __ldcg(a.part_max + p * pstride + prow0 + h);
+  }
+  __syncthreads();
+  for (int h = warp; h < nh; h += NT / 32) { /* a warp per head: lse, weights, factor */
+    float mx = NEG_INF, m = NEG_INF;
+    int nan = 0;
+    for (int p = lane; p < S; p += 32) {
+      const float l = w_s[p * M + h];
+      mx = fmaxf(mx, l); /* skips NaN: counted apart so that it propagates */
+      nan |= l != l;
+      if (want_max) m = fmax_nan(m, max_s[p * M + h]);
+    }
+    for (int o = 16; o; o >>= 1) {
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+    }
+    nan = __any_sync(0xffffffffu, nan);
+    float lse = NEG_INF;
+    if (nan) {
+      lse = NAN;
+    } else if (mx != NEG_INF) {
+      float sum = 0.0f;
+      for (int p = lane; p < S; p += 32) {
+        const float l = w_s[p * M + h];
+        if (l != NEG_INF) sum += expf(l - mx);
+      }
+      for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      lse = mx + logf(sum);
+    }
+    for (int p = lane; p < S; p += 32) { /* -1: contributes nothing (NaN stays) */
+      const float l = w_s[p * M + h];
+      w_s[p * M + h] = l == NEG_INF ? -1.0f : expf(l - lse);
+    }
+    if (lane == 0) {
+      factor_s[h] = a.sink && lse != NEG_INF ? 1.0f / (1.0f + expf(a.sink[h0 + h] - lse)) : 1.0f;
+      if (scalars && a.lse) a.lse[t * a.lse_stride_t + h0 + h] = lse;
+      if (want_max) a.max_logit[t * a.max_logit_stride_t + h0 + h] = m;
+    }
+  }
+  __syncthreads();
+  if (c0 >= c1) return;
+  /* Outputs of 4 columns, (head, quad); tpo threads (adjacent lanes) share one output's
+   * partials and add up with shuffles, so that one round of loads covers all S. */
+  const int nq = (c1 - c0) >> 2, outs = nh * nq;
+  int tpo = 1;
+  while (tpo < 32 && 2 * tpo * outs <= NT && 2 * tpo <= S) tpo *= 2;
+  const int per = NT / tpo, j = tid % tpo;
+  for (int o0 = 0; o0 < outs; o0 += per) { /* uniform trip count: every lane shuffles */
+    const int o = o0 + tid / tpo;
+    const bool live = o < outs;
+    const int h = live ? o / nq : 0, qd = live ? o - h * nq : 0;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (live) {
+      const float *src = a.part_out + (prow0 + h) * 512 + c0 + 4 * qd;
+      for (int p = j; p < S; p += 4 * tpo) {
+        float w[4];
+        float4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          const int pu = p + u * tpo;
+          w[u] = pu < S ? w_s[pu * M + h] : -1.0f;
+          v[u] = w[u] < 0.0f ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                             : __ldcg((const float4 *)(src + pu * pstride * 512));
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+          if (!(w[u] < 0.0f)) {
+            acc.x += w[u] * v[u].x, acc.y += w[u] * v[u].y;
+            acc.z += w[u] * v[u].z, acc.w += w[u] * v[u].w;
+          }
+      }
+    }
+    for (int off = tpo >> 1; off; off >>= 1) {
+      acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off);
+      acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off);
+      acc.z += __shfl_xor_sync(0xffffffffu, acc.z, off);
+      acc.w += __shfl_xor_sync(0xffffffffu, acc.w, off);
+    }
+    if (live && j == 0) {
+      const float f = factor_s[h];
+      uint16_t *dst = a.out + t * a.out_stride_t + (int64_t)(h0 + h) * a.out_stride_h + c0 + 4 * qd;
+      ((uint32_t *)dst)[0] = pack_bf16x2(acc.x * f, acc.y * f);
+      ((uint32_t *)dst)[1] = pack_bf16x2(acc.z * f, acc.w * f);
+    }
+  }
+}
+
 /* Adds the block's bad-slot count (each warp's lanes' counts) once per row: group 0. */
 __device__ __forceinline__ void fwd_count_bad(const smla_cuda_fwd_args &a, int grp,
                                               unsigned bad) {
