@@ -210,14 +210,6 @@ typedef struct smla_plan smla_plan;
  * specific kernel exists (CUDA: the sm_90a wgmma one on H100/H200): for A/B comparisons
  * and tests. Same results within rounding; smla_plan_describe names the kernel chosen. */
 #define SMLA_PLAN_PORTABLE 2u
-/* CUDA: merge the split-KV partial states with a separate combine kernel. By default a
- * forward whose whole grid fits in one wave of SMs (T * head groups * splits <= SMs; the
- * decode shapes) merges them inside the forward kernel: the blocks of one row wait for
- * each other at a barrier in the workspace, which needs all of them resident on the GPU
- * at once. Set this where that may not hold (an MPS client or green context limited to
- * fewer SMs than the device has, a kernel that occupies SMs until this one finishes), or
- * for A/B comparisons. Same results within rounding. */
-#define SMLA_PLAN_SEPARATE_COMBINE 4u
 
 typedef struct smla_plan_desc {
   int64_t max_tokens;            /* largest T the plan serves, >= 1 */
@@ -235,8 +227,7 @@ smla_status smla_plan_workspace_size(smla_context *ctx, const smla_plan_desc *de
 /* Creates a plan. workspace == NULL: the plan allocates (and later frees) its own.
  * Else workspace must hold workspace_bytes >= smla_plan_workspace_size() bytes of device
  * memory (host memory for a CPU context), 256-byte aligned, owned by the caller and not
- * used by anything else while the plan lives (a CUDA plan zeroes the part of it that
- * holds the fused combine's barrier words, once, at creation). Plan creation may allocate and query the
+ * used by anything else while the plan lives. Plan creation may allocate and query the
  * device, so it is not allowed during CUDA graph capture. It returns SMLA_ERR_CAPTURING when
  * it sees a capture: one on a blocking stream (found by probing the legacy stream), or one
  * in global mode that makes its allocation fail. A capture on a non-blocking stream with a

@@ -361,7 +361,7 @@ static smla_status check_desc(smla_context *ctx, const char *fn, const smla_plan
       d->format != SMLA_CACHE_FP8_DS)
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: desc.format = %d is not an smla_cache_format", fn,
          (int)d->format);
-  if (d->flags & ~(SMLA_PLAN_BATCH_INVARIANT | SMLA_PLAN_PORTABLE | SMLA_PLAN_SEPARATE_COMBINE))
+  if (d->flags & ~(SMLA_PLAN_BATCH_INVARIANT | SMLA_PLAN_PORTABLE))
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: desc.flags = 0x%x has unknown bits", fn, d->flags);
   if (d->num_splits < 0 || d->num_splits > 1024)
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: desc.num_splits = %d, must be 0..1024", fn,
@@ -428,10 +428,6 @@ smla_status smla_plan_create(smla_context *ctx, const smla_plan_desc *desc, void
     }
     plan->workspace_bytes = need;
     plan->owns_workspace = 1;
-  }
-  if (ctx->backend->plan_ready && (s = ctx->backend->plan_ready(plan)) != SMLA_OK) {
-    smla_plan_destroy(plan);
-    return s;
   }
   *out = plan;
   return SMLA_OK;

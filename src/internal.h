@@ -46,8 +46,6 @@ struct smla_plan {
   int heads_per_block;            /* CUDA: heads per block; CPU: heads per work item */
   int kernel;                     /* backend-specific kernel id */
   int num_threads;                /* CPU: workers (fixed at plan creation) */
-  size_t sync_offset, sync_bytes; /* CUDA: the fused combine's barrier words in the
-                                     workspace (sync_bytes 0: never fused) */
 };
 
 /* One const table per backend (ggml style). Params are validated before these run. */
@@ -64,8 +62,6 @@ struct smla_backend {
    * exists (plan->workspace == NULL). The CUDA one also sets the kernel's shared-memory
    * attribute, so a size query has that (idempotent) side effect too. */
   smla_status (*plan_init)(smla_plan *plan, size_t *workspace_bytes);
-  /* After the workspace is in place (plan creation only; may be NULL). */
-  smla_status (*plan_ready)(smla_plan *plan);
   smla_status (*forward)(smla_plan *plan, const smla_forward_params *p, void *stream);
   smla_status (*alloc)(smla_context *ctx, size_t bytes, void **ptr);
   void (*free)(smla_context *ctx, void *ptr);

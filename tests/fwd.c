@@ -537,28 +537,6 @@ void fwd_run(t_case *tc, fwd_problem *pb) {
         fwd_result_free(&port);
       }
     }
-    /* A plan that fuses the split combine into the forward (for the T of this problem or
-     * another): the same problem with the combine kernel too, so both stay checked. */
-    if (b != T_CPU && strstr(res.describe, "combine fused") &&
-        !(pb->flags & SMLA_PLAN_SEPARATE_COMBINE)) {
-      fwd_problem ps = *pb;
-      ps.flags |= SMLA_PLAN_SEPARATE_COMBINE;
-      ps.repeat = 0;
-      fwd_result sep;
-      if (fwd_exec(tc, &ps, &sep)) {
-        t_expect(tc, strstr(sep.describe, "combine kernel (SMLA_PLAN_SEPARATE_COMBINE)") ||
-                     strstr(sep.describe, "combine none"),
-                 "SMLA_PLAN_SEPARATE_COMBINE plan still fuses: %s", sep.describe);
-        fwd_check(tc, &ps, &sep, &ref, "reference (separate combine)");
-        if (have_cpu) {
-          fwd_ref cr;
-          fwd_as_ref(pb, &cpu, &cr);
-          fwd_check(tc, &ps, &sep, &cr, "cpu backend (separate combine)");
-          fwd_ref_free(&cr);
-        }
-        fwd_result_free(&sep);
-      }
-    }
     if (b == T_CPU) {
       cpu = res;
       have_cpu = 1;

@@ -443,20 +443,6 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
                           (long long)d->max_tokens, (long long)grid_max);
   plan->num_splits = s_max;
   *workspace_bytes = (size_t)cap * partial_row_bytes(d->num_heads);
-  /* The fused combine's barrier words (2 per (t, group); fused forwards have
-   * T * groups < SMs), after the partials. */
-  plan->sync_offset = plan->sync_bytes = 0;
-  /* A batch-invariant plan fuses for every T or for none (the two combines round
-   * differently): only when its largest T fits in one wave. */
-  const int may_fuse =
-      cap > 0 && !(d->flags & SMLA_PLAN_SEPARATE_COMBINE) &&
-      (!(d->flags & SMLA_PLAN_BATCH_INVARIANT) ||
-       d->max_tokens * c.groups * s_one <= (int64_t)st->sm_count);
-  if (may_fuse) {
-    plan->sync_offset = (*workspace_bytes + 255) & ~(size_t)255;
-    plan->sync_bytes = (size_t)st->sm_count * 2 * sizeof(unsigned);
-    *workspace_bytes = plan->sync_offset + plan->sync_bytes;
-  }
 
   /* Kernel attribute: may use all the opt-in shared memory (a permission, not a size). */
   int prev;
@@ -478,30 +464,13 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
                                                                 : "per T by cost model";
   snprintf(plan->describe, sizeof plan->describe,
            "%s: %s dr=%d, %d heads/block x %d groups, %s %d (%u KB smem), "
-           "%s bf16; splits %s (T=1: %d, T=%lld: %d; %d SMs); %lld partial rows; "
-           "combine %s",
+           "%s bf16; splits %s (T=1: %d, T=%lld: %d; %d SMs); %lld partial rows",
            sm90 ? "cuda-sm90" : "cuda-generic", format_name(d->format), d->dr,
            plan->heads_per_block, c.groups,
            d->format == SMLA_CACHE_BF16 ? "kv stages" : "fp8 staging", pipe,
            (unsigned)((sm90 ? smem90 : L.total) / 1024), sm90 ? "wgmma" : "mma.sync", policy,
-           s_one, (long long)d->max_tokens, s_max, st->sm_count, (long long)cap,
-           cap == 0 ? "none" : may_fuse ? "fused while T x groups x splits <= SMs, else kernel"
-                                        : "kernel (SMLA_PLAN_SEPARATE_COMBINE)");
+           s_one, (long long)d->max_tokens, s_max, st->sm_count, (long long)cap);
   return SMLA_OK;
-}
-
-/* Zeroes the fused combine's barrier words, once: every fused forward leaves them zero.
- * Ordered before any later launch on any stream (the legacy stream is synchronized). */
-static smla_status cuda_plan_ready(smla_plan *plan) {
-  if (!plan->sync_bytes) return SMLA_OK;
-  smla_context *ctx = plan->ctx;
-  int prev;
-  smla_status s = device_enter(ctx, "smla_plan_create", &prev);
-  if (s != SMLA_OK) return s;
-  cudaError_t e = cudaMemsetAsync((char *)plan->workspace + plan->sync_offset, 0,
-                                  plan->sync_bytes, cudaStreamLegacy);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
-  return launched(ctx, prev, e, "smla_plan_create: zeroing the workspace's barrier words");
 }
 
 /* ---- forward --------------------------------------------------------------------------- */
@@ -562,11 +531,6 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p, v
     a.part_out = (float *)plan->workspace;
     a.part_lse = (float *)((char *)plan->workspace + (size_t)cap * N * SMLA_DC * 4);
     a.part_max = a.part_lse + cap * N;
-    /* Fused combine: the whole grid in one wave (every block resident at once). */
-    if (plan->sync_bytes && T * c.groups * splits <= st->sm_count &&
-        (int64_t)splits * plan->heads_per_block <= SMLA_CUDA_FUSED_MAX &&
-        (size_t)(T * c.groups) * 2 * sizeof(unsigned) <= plan->sync_bytes)
-      a.combine_sync = (unsigned *)((char *)plan->workspace + plan->sync_offset);
   }
 
   int prev;
@@ -580,8 +544,7 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p, v
   case SMLA_CACHE_FP8_TENSOR: e = smla_cuda_fwd_launch_fp8(&c.cfg, &a, stream); break;
   default: e = smla_cuda_fwd_launch_ds(&c.cfg, &a, stream); break;
   }
-  if (e != cudaSuccess || splits == 1 || a.combine_sync)
-    return launched(ctx, prev, e, "smla_forward: kernel");
+  if (e != cudaSuccess || splits == 1) return launched(ctx, prev, e, "smla_forward: kernel");
 
   smla_cuda_merge_args m;
   memset(&m, 0, sizeof m);
@@ -619,7 +582,6 @@ const smla_backend smla_cuda_backend = {
     .cache_write = cuda_cache_write,
     .merge = cuda_merge,
     .plan_init = cuda_plan_init,
-    .plan_ready = cuda_plan_ready,
     .forward = cuda_forward,
     .alloc = cuda_alloc,
     .free = cuda_free,

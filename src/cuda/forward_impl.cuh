@@ -452,8 +452,6 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
     }
 
   fwd_count_bad(a, grp, bad);
-  /* The KV buffers (>= 64 KB) are free now: the fused combine's scratch. */
-  if (a.num_splits > 1 && a.combine_sync) fwd_fused_combine(a, blk, M, (float *)(smem + L.kv));
 }
 
 template <int FMT, int DR, int MT>

@@ -129,17 +129,8 @@ typedef struct smla_cuda_fwd_args {
   float *part_out;             /* [splits][T][N][512], normalized by the split's own sum */
   float *part_lse;             /* [splits][T][N]; -inf: the split saw no used entry */
   float *part_max;             /* [splits][T][N] */
-  /* num_splits > 1, fused combine: 2 words per (t, group), t * groups + group (arrivals,
-   * generation), zero before the first launch and left zero by each. NULL: the caller
-   * launches smla_cuda_merge after the forward. Fused needs every block of a (t, group)
-   * resident at once (the plan: T * groups * splits <= SMs) and splits * heads per block
-   * <= SMLA_CUDA_FUSED_MAX. */
-  unsigned *combine_sync;
   unsigned long long *bad_inputs; /* may be NULL */
 } smla_cuda_fwd_args;
-
-/* Largest splits x heads-per-block of the fused combine (its shared-memory scratch). */
-#define SMLA_CUDA_FUSED_MAX 4096
 
 /* Shared-memory layout of a variant, in bytes from the dynamic smem base (all offsets
  * 16-byte aligned). Shared by the host (plan sizing) and the kernels (carving). */

@@ -274,9 +274,6 @@ __global__ void __launch_bounds__(W_THREADS, 1)
   }
 
   fwd_count_bad(a, grp, bad);
-  /* The KV stages (2 x >= 64 KB) are free now (every wgmma has been waited on): the fused
-   * combine's scratch. */
-  if (a.num_splits > 1 && a.combine_sync) fwd_fused_combine(a, blk, W_HEADS, (float *)(smem + L.kv));
 }
 
 extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr) {
