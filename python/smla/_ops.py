@@ -666,7 +666,7 @@ _pools = {}
 if torch is not None and torch.cuda.is_available():
     _capturing_now = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
     _cur_device = getattr(torch._C, "_cuda_getDevice", None)
-    _inference = getattr(torch._C, "_is_inference_mode_enabled", None)
+    _inference = getattr(torch, "is_inference_mode_enabled", None)
     _pool_ok = None not in (_capturing_now, _cur_device, _inference)
 else:
     _pool_ok = False

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Everything a change needs on the GPU machine in one call, logs in one tarball:
+#   SMLA_GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/device_full.sh [extra bench args]
+# 1. make all; build/test_smla (CPU + GPU cases);
+# 2. compute-sanitizer (memcheck, racecheck, initcheck, synccheck, in parallel) over the
+#    test driver, while the Python GPU checks run (python/run_gpu_checks.sh: pytest, the
+#    example); neither is timed;
+# 3. then, alone on the GPU: the binding's host overhead (T=1, N=16 and 128), the decode
+#    and prefill presets, the fp8 decode shapes.
+# Writes $OUT/logs.tgz (every log) and prints a summary. Exit status: 0 when the tests,
+# the sanitizer and the Python checks passed.
+set -u
+O=${OUT:-.out}
+L=$(mktemp -d)
+export SMLA_GIT_COMMIT=${SMLA_GIT_COMMIT:-unknown} PYTHONUNBUFFERED=1
+fail=0
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+{ nvidia-smi -L; nvcc --version | tail -1; echo "commit $SMLA_GIT_COMMIT"; } >"$L/env.txt" 2>&1
+if ! make -j16 all >"$L/build.log" 2>&1; then
+  tail -30 "$L/build.log"; tar czf "$O/logs.tgz" -C "$L" .; exit 1
+fi
+stamp "build ok"
+timeout 200 build/test_smla >"$L/test.log" 2>&1 || fail=1
+stamp "test_smla: $(tail -1 "$L/test.log")"
+grep -E "^FAIL" "$L/test.log" | head -20
+
+mkdir -p "$L/san" "$L/py"
+(SANITIZER_PARALLEL=1 SANITIZER_LOG_DIR="$L/san" timeout 300 scripts/sanitize_gpu.sh \
+   build/test_smla >"$L/sanitize.log" 2>&1; echo "rc $?" >>"$L/sanitize.log") &
+san=$!
+PYTHON=${PYTHON:-python3} timeout 300 bash python/run_gpu_checks.sh "$L/py" >"$L/pyrun.log" 2>&1 || fail=1
+wait $san
+grep -q "all tools clean" "$L/sanitize.log" || fail=1
+stamp "sanitize: $(grep -E 'sanitize_gpu: ' "$L/sanitize.log" | tr '\n' ';')"
+stamp "python: $(tr '\n' ';' <"$L/py/summary.txt")"
+
+for n in 16 128; do
+  ${PYTHON:-python3} python/bench_overhead.py --heads "$n" --json "$L/overhead_n$n.json" \
+    >"$L/overhead_n$n.log" 2>&1
+  stamp "$(grep -E '^binding overhead' "$L/overhead_n$n.log") N=$n"
+done
+build/smla bench --preset decode "$@" --json "$L/decode.json" >"$L/bench_decode.txt" 2>&1
+build/smla bench --preset prefill "$@" --json "$L/prefill.json" >"$L/bench_prefill.txt" 2>&1
+build/smla bench --preset decode --format fp8_ds -N 16,128 -T 1,16,64 >"$L/bench_fp8ds.txt" 2>&1
+stamp "benches done"
+grep -E "^ceilings|^commit" "$L/bench_decode.txt"
+grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" | cut -c1-80
+grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_prefill.txt" | cut -c1-80
+tar czf "$O/logs.tgz" -C "$L" .
+exit $fail
