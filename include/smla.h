@@ -174,6 +174,16 @@ typedef struct smla_convert_params {
   int64_t slots_stride;
   int32_t *valid;                /* [T] out: valid entries per row; may be NULL */
   int compact;                   /* 0 or 1 */
+  /* Decode context parallelism (0 or 1: off; zero-initialized params leave it off): the
+   * request's tokens are spread over cp_size ranks in runs of cp_interleave (0 means 1):
+   * position p lives on rank (p / I) % cp_size, at position (p / (I * cp_size)) * I + p % I
+   * of that rank's own sequence (its block_table). This call is rank cp_rank's: entries
+   * owned by another rank are invalid (-1; with compact = 1 they leave no holes and valid
+   * counts this rank's entries, the row's local length for forward), owned ones are
+   * converted at their local position. The same split as vLLM's DCP KV cache. */
+  int cp_size;                   /* 0/1 off, else >= 2 ranks */
+  int cp_rank;                   /* 0 <= cp_rank < cp_size */
+  int cp_interleave;             /* I >= 1 (0: 1) tokens per run */
 } smla_convert_params;
 
 smla_status smla_convert_indices(smla_context *ctx, const smla_convert_params *p, void *stream);

@@ -236,6 +236,15 @@ static smla_status check_convert(smla_context *ctx, const smla_convert_params *p
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: block_size = %d, must be >= 1", fn, p->block_size);
   if (p->compact != 0 && p->compact != 1)
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: compact = %d, must be 0 or 1", fn, p->compact);
+  if (p->cp_size < 0)
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: cp_size = %d, must be 0 or 1 (off) or >= 2", fn,
+         p->cp_size);
+  if (p->cp_size >= 2 && (p->cp_rank < 0 || p->cp_rank >= p->cp_size))
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: cp_rank = %d, must be 0..%d (cp_size = %d)", fn,
+         p->cp_rank, p->cp_size - 1, p->cp_size);
+  if (p->cp_size >= 2 && p->cp_interleave < 0)
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: cp_interleave = %d, must be >= 1 (0 means 1)", fn,
+         p->cp_interleave);
   if (p->num_tokens == 0) return SMLA_OK;
   CHECK(need_ptr(ctx, fn, "req_id", p->req_id, 4));
   CHECK(need_ptr(ctx, fn, "block_table", p->block_table, 4));

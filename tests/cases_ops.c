@@ -17,6 +17,7 @@ typedef struct {
   int64_t T;
   int K, R, B, bs;
   int compact, want_valid, in_place;   /* in_place: slots aliases local (equal strides) */
+  int cp_size, cp_rank, cp_interleave; /* context-parallel filter (0: off) */
   int64_t bt_stride, local_stride, slots_stride;
   int32_t *req_id;                     /* [T] */
   int32_t *block_table;                /* span(R, bt_stride, B) */
@@ -80,6 +81,9 @@ static smla_convert_params cv_params(const cv_problem *cv, const int32_t *req, c
   p.slots_stride = cv->in_place ? cv->local_stride : cv->slots_stride;
   p.valid = cv->want_valid ? valid : NULL;
   p.compact = cv->compact;
+  p.cp_size = cv->cp_size;
+  p.cp_rank = cv->cp_rank;
+  p.cp_interleave = cv->cp_interleave;
   return p;
 }
 
@@ -193,6 +197,28 @@ static void c_convert_compact(t_case *tc) {
   sprinkle_invalid(&cv);
   cv.compact = 1;
   cv_run(tc, &cv);
+  cv_free(&cv);
+}
+
+/* Context parallel: every rank of 2 and 3, runs of 1 and 4 (and 0 = 1), plain and compact,
+ * with every invalid class sprinkled in (positions past the global block table can be
+ * valid local ones: this test gives every rank the same table). That the ranks' entries
+ * add up to the whole row is checked end to end by the dcp_* cases. */
+static void c_convert_context_parallel(t_case *tc) {
+  cv_problem cv;
+  cv_init(&cv, 9, 150, 3, 8, 16);
+  sprinkle_invalid(&cv);
+  const int sizes[2] = {2, 3}, runs[3] = {1, 4, 0};
+  for (int si = 0; si < 2; si++)
+    for (int ri = 0; ri < 3; ri++)
+      for (int compact = 0; compact < 2; compact++)
+        for (int rank = 0; rank < sizes[si]; rank++) {
+          cv.cp_size = sizes[si];
+          cv.cp_rank = rank;
+          cv.cp_interleave = runs[ri];
+          cv.compact = compact;
+          cv_run(tc, &cv);
+        }
   cv_free(&cv);
 }
 
@@ -519,6 +545,7 @@ static void c_merge_nan(t_case *tc) {
 void t_register_ops_cases(void) {
   t_register("convert_plain", c_convert_plain);
   t_register("convert_compact", c_convert_compact);
+  t_register("convert_context_parallel", c_convert_context_parallel);
   t_register("convert_invalid_negative_position", c_invalid_negative_pos);
   t_register("convert_invalid_past_block_table", c_invalid_past_block_table);
   t_register("convert_invalid_negative_block", c_invalid_negative_block);

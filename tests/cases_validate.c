@@ -240,6 +240,11 @@ static void c_validate_ops(t_case *tc) {
       c = cv; c.num_requests = 0;  t_expect_status(tc, smla_convert_indices(ctx, &c, NULL), SMLA_ERR_INVALID_ARGUMENT, ctx, "num_requests", "convert R = 0");
       c = cv; c.local_stride = VK - 1; t_expect_status(tc, smla_convert_indices(ctx, &c, NULL), SMLA_ERR_INVALID_ARGUMENT, ctx, "local_stride", "convert local_stride K - 1");
       c = cv; c.compact = 2;       t_expect_status(tc, smla_convert_indices(ctx, &c, NULL), SMLA_ERR_INVALID_ARGUMENT, ctx, "compact", "convert compact 2");
+      c = cv; c.cp_size = -1;      t_expect_status(tc, smla_convert_indices(ctx, &c, NULL), SMLA_ERR_INVALID_ARGUMENT, ctx, "cp_size", "convert cp_size -1");
+      c = cv; c.cp_size = 2; c.cp_rank = 2;  t_expect_status(tc, smla_convert_indices(ctx, &c, NULL), SMLA_ERR_INVALID_ARGUMENT, ctx, "cp_rank", "convert cp_rank 2 of 2");
+      c = cv; c.cp_size = 3; c.cp_rank = -1; t_expect_status(tc, smla_convert_indices(ctx, &c, NULL), SMLA_ERR_INVALID_ARGUMENT, ctx, "cp_rank", "convert cp_rank -1");
+      c = cv; c.cp_size = 2; c.cp_interleave = -4; t_expect_status(tc, smla_convert_indices(ctx, &c, NULL), SMLA_ERR_INVALID_ARGUMENT, ctx, "cp_interleave", "convert cp_interleave -4");
+      c = cv; c.cp_size = 1; c.cp_rank = 5; t_expect_ok(tc, smla_convert_indices(ctx, &c, NULL), ctx, "convert cp_size 1 is off (cp_rank ignored)");
       c = cv; c.slots = ints + 128; c.compact = 1;
       t_expect_status(tc, smla_convert_indices(ctx, &c, NULL), SMLA_ERR_INVALID_ARGUMENT, ctx, "alias", "convert in place with compact");
       c = cv; c.local = (const int32_t *)(f.ints + 2);

@@ -152,5 +152,6 @@ void t_register_cache_cases(void);
 void t_register_ops_cases(void);
 void t_register_meta_cases(void);
 void t_register_validate_cases(void);
+void t_register_dcp_cases(void);
 
 #endif /* SMLA_TEST_HARNESS_H */

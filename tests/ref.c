@@ -173,8 +173,20 @@ void ref_convert(const smla_convert_params *p, int32_t *slots, int32_t *valid) {
     const int64_t r = p->req_id[t];
     int32_t count = 0;
     for (int k = 0; k < K; k++) {
-      const int64_t pos = p->local[t * p->local_stride + k];
+      int64_t pos = p->local[t * p->local_stride + k];
       int64_t slot = -1;
+      if (p->cp_size >= 2 && pos >= 0) {
+        /* Context parallel: keep rank cp_rank's positions, renumbered as that rank's own
+         * sequence: the count of its positions before pos. Counted (each whole cycle of
+         * I * cp_size positions holds I of every rank, the rest one by one), not by the
+         * closed form the backends use. */
+        const int64_t il = p->cp_interleave > 0 ? p->cp_interleave : 1;
+        const int64_t cycle = il * p->cp_size;
+        int64_t before = (pos / cycle) * il;
+        for (int64_t q = pos / cycle * cycle; q < pos; q++)
+          before += (q / il) % p->cp_size == p->cp_rank;
+        pos = (pos / il) % p->cp_size == p->cp_rank ? before : -1;
+      }
       if (r >= 0 && r < p->num_requests && pos >= 0) {
         const int64_t blk = pos / p->block_size;
         if (blk < p->blocks_per_request) {

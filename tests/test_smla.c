@@ -83,6 +83,7 @@ int main(int argc, char **argv) {
   t_register_ops_cases();
   t_register_meta_cases();
   t_register_validate_cases();
+  t_register_dcp_cases();
   int passed = 0, failed = 0;
   if (list) {
     t_run_cases(filter, seed, 1, &passed, &failed);

@@ -101,6 +101,9 @@ class smla_convert_params(ctypes.Structure):
         ("slots_stride", c_int64),
         ("valid", c_void_p),
         ("compact", c_int),
+        ("cp_size", c_int),
+        ("cp_rank", c_int),
+        ("cp_interleave", c_int),
     ]
 
 
@@ -196,7 +199,7 @@ class smla_metadata_params(ctypes.Structure):
 
 # The sizes on LP64 (Linux x86_64 / aarch64), as the C compiler lays them out.
 EXPECTED_SIZES = {
-    "smla_cache": 40, "smla_convert_params": 104, "smla_cache_write_params": 96,
+    "smla_cache": 40, "smla_convert_params": 112, "smla_cache_write_params": 96,
     "smla_plan_desc": 32, "smla_forward_params": 208, "smla_merge_params": 136,
     "smla_metadata_params": 56,
 }

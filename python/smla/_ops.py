@@ -806,7 +806,8 @@ _default_scale = {64: 1.0 / math.sqrt(DC + 64), 0: 1.0 / math.sqrt(DC)}
 
 # ---- 1. convert indices -------------------------------------------------------------------------------------
 def convert_indices(req_id, block_table, local, *, block_size, compact=False,
-                    return_valid=False, slots=None, valid=None, stream=None):
+                    return_valid=False, slots=None, valid=None, stream=None, cp_size=0,
+                    cp_rank=0, cp_interleave=1):
     """Request-local token positions -> cache slots (SPEC op 1):
     slots[t, k] = block_table[r, p // bs] * bs + p % bs with r = req_id[t], p = local[t, k],
     or -1 where invalid (p < 0, p // bs >= B, a block-table entry < 0, r outside [0, R),
@@ -819,17 +820,26 @@ def convert_indices(req_id, block_table, local, *, block_size, compact=False,
       conversion when compact is False).
     return_valid / valid: also return valid [T] int32, the valid entries per row.
     stream: as in forward().
+    cp_size / cp_rank / cp_interleave: decode context parallelism (cp_size 0 or 1: off).
+      The request's tokens are dealt to cp_size ranks in runs of cp_interleave (vLLM's DCP
+      layout): position p lives on rank (p // I) % cp_size at local position
+      (p // (I * cp_size)) * I + p % I of that rank's sequence. This call is rank cp_rank's
+      (block_table is its own): other ranks' entries are invalid (-1), its own are
+      converted at their local position; with compact=True and return_valid, valid is the
+      row's length on this rank (forward's lengths=).
     Returns slots, or (slots, valid)."""
+    cp = (int(cp_size), int(cp_rank), int(cp_interleave))
     if _compiling() and isinstance(local, Tensor):
         return _traced().convert_traced(req_id, block_table, local, block_size, compact,
-                                        return_valid, slots, valid)
+                                        return_valid, slots, valid, cp)
     slots, valid = convert_into(req_id, block_table, local, block_size, compact,
-                                return_valid or valid is not None, slots, valid, stream)
+                                return_valid or valid is not None, slots, valid, stream,
+                                cp=cp)
     return (slots, valid) if valid is not None else slots
 
 
 def convert_into(req_id, block_table, local, block_size, compact, want_valid, slots, valid,
-                 stream, fn="convert_indices"):
+                 stream, fn="convert_indices", cp=(0, 0, 1)):
     kind = kind_of(local, fn, "local")
     dev = device_of(local)
     if dev is None:
@@ -858,7 +868,8 @@ def convert_into(req_id, block_table, local, block_size, compact, want_valid, sl
     else:
         vp = None
     p = _lib.smla_convert_params(T, K, rp, bp, bs_[0], bs_[1], bst[0], int(block_size), lp,
-                                 lst[0], sp, sst[0], vp, int(bool(compact)))
+                                 lst[0], sp, sst[0], vp, int(bool(compact)), cp[0], cp[1],
+                                 cp[2])
     ctx = context(dev)
     _lib.check(L.smla_convert_indices(ctx, ctypes.byref(p), _stream(stream, dev)), ctx)
     return slots, valid

@@ -6,9 +6,10 @@ Registered at `import smla` when torch is present:
                 scale, sm_scale, softcap, want_lse, want_max_logit, plan_id)
                 -> (out, lse, max_logit)          [lse / max_logit are empty when not asked]
   smla::forward_out(..., out, lse?, max_logit?, ...)   mutates out, lse, max_logit
-  smla::convert_indices(req_id, block_table, local, block_size, compact, want_valid)
-                -> (slots, valid)
-  smla::convert_indices_out(req_id, block_table, local, slots, valid?, block_size, compact)
+  smla::convert_indices(req_id, block_table, local, block_size, compact, want_valid,
+                        cp_size, cp_rank, cp_interleave) -> (slots, valid)
+  smla::convert_indices_out(req_id, block_table, local, slots, valid?, block_size, compact,
+                            cp_size, cp_rank, cp_interleave)
   smla::cache_write(kv_c, k_pe?, slot, cache, bad_inputs?, format, dr, scale)   mutates cache
   smla::merge_states(out_p, lse_p, out_bf16, want_lse) -> (out, lse)
   smla::merge_states_out(out_p, lse_p, out, lse?)
@@ -98,26 +99,31 @@ if HAVE_CUSTOM_OP:
     # ---- convert indices --------------------------------------------------------------------
     @custom_op("smla::convert_indices", mutates_args=())
     def convert_op(req_id: Tensor, block_table: Tensor, local: Tensor, block_size: int,
-                   compact: bool, want_valid: bool) -> Tuple[Tensor, Tensor]:
+                   compact: bool, want_valid: bool, cp_size: int, cp_rank: int,
+                   cp_interleave: int) -> Tuple[Tensor, Tensor]:
         slots = local.new_empty(local.shape)
         valid = local.new_empty((local.shape[0],) if want_valid else (0,))
         _ops.convert_into(req_id, block_table, local, block_size, compact, want_valid, slots,
-                          valid if want_valid else None, None)
+                          valid if want_valid else None, None,
+                          cp=(cp_size, cp_rank, cp_interleave))
         return slots, valid
 
     @convert_op.register_fake
-    def _convert_fake(req_id, block_table, local, block_size, compact, want_valid):
+    def _convert_fake(req_id, block_table, local, block_size, compact, want_valid, cp_size,
+                      cp_rank, cp_interleave):
         return (local.new_empty(local.shape),
                 local.new_empty((local.shape[0],) if want_valid else (0,)))
 
     @custom_op("smla::convert_indices_out", mutates_args=("slots", "valid"))
     def convert_out_op(req_id: Tensor, block_table: Tensor, local: Tensor, slots: Tensor,
-                       valid: Optional[Tensor], block_size: int, compact: bool) -> None:
+                       valid: Optional[Tensor], block_size: int, compact: bool, cp_size: int,
+                       cp_rank: int, cp_interleave: int) -> None:
         _ops.convert_into(req_id, block_table, local, block_size, compact, valid is not None,
-                          slots, valid, None)
+                          slots, valid, None, cp=(cp_size, cp_rank, cp_interleave))
 
     @convert_out_op.register_fake
-    def _convert_out_fake(req_id, block_table, local, slots, valid, block_size, compact):
+    def _convert_out_fake(req_id, block_table, local, slots, valid, block_size, compact,
+                          cp_size, cp_rank, cp_interleave):
         return None
 
     # ---- cache write --------------------------------------------------------------------------
@@ -211,18 +217,18 @@ def forward_traced(q_nope, q_pe, cache, slots, sm_scale, lengths, softcap, sink,
 
 
 def convert_traced(req_id, block_table, local, block_size, compact, return_valid, slots,
-                   valid):
+                   valid, cp=(0, 0, 1)):
     _need_ops()
     want_valid = return_valid or valid is not None
     if slots is None and valid is None:
         slots, valid = torch.ops.smla.convert_indices(req_id, block_table, local,
                                                       int(block_size), bool(compact),
-                                                      want_valid)
+                                                      want_valid, *cp)
     elif slots is local:
         # In place: the functional op, then a copy (an op may not mutate an input that
         # another argument of it aliases).
         s, v = torch.ops.smla.convert_indices(req_id, block_table, local, int(block_size),
-                                              bool(compact), want_valid)
+                                              bool(compact), want_valid, *cp)
         local.copy_(s)
         if valid is not None:
             valid.copy_(v)
@@ -234,7 +240,7 @@ def convert_traced(req_id, block_table, local, block_size, compact, return_valid
         if want_valid and valid is None:
             valid = local.new_empty((local.shape[0],))
         torch.ops.smla.convert_indices_out(req_id, block_table, local, slots, valid,
-                                           int(block_size), bool(compact))
+                                           int(block_size), bool(compact), *cp)
     return (slots, valid) if want_valid else slots
 
 

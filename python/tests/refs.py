@@ -168,7 +168,9 @@ def ref_forward(q, rows, slots, sm_scale, lengths=None, softcap=0.0, sink=None):
     return out, lse, mx, bad
 
 
-def ref_convert(req_id, block_table, local, block_size, compact=False):
+def ref_convert(req_id, block_table, local, block_size, compact=False, cp=None):
+    """cp: (size, rank, interleave) or None; a kept position is renumbered by counting the
+    rank's positions before it."""
     T, K = local.shape
     R, B = block_table.shape
     slots = np.full((T, K), -1, np.int64)
@@ -176,6 +178,11 @@ def ref_convert(req_id, block_table, local, block_size, compact=False):
         r = int(req_id[t])
         for k in range(K):
             p = int(local[t, k])
+            if cp is not None and p >= 0:
+                W, rank, il = cp
+                if (p // il) % W != rank:
+                    continue
+                p = sum(1 for x in range(p) if (x // il) % W == rank)
             if p < 0 or not (0 <= r < R) or p // block_size >= B:
                 continue
             blk = int(block_table[r, p // block_size])

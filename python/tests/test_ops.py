@@ -192,6 +192,22 @@ def test_convert_indices(compact):
         assert got is loc2 and np.array_equal(loc2, r_slots)
 
 
+@pytest.mark.parametrize("cp", [(2, 0, 1), (2, 1, 1), (3, 2, 4), (4, 1, 16)])
+def test_convert_indices_context_parallel(cp):
+    """Rank cp[1]'s entries only, at their position in that rank's own sequence."""
+    rng = np.random.default_rng(7 + cp[0] * 10 + cp[1])
+    T, K, B, bs = 5, 40, 6, 16
+    block_table = rng.permutation(2 * B)[:B].astype(np.int32)[None]
+    req_id = np.zeros(T, np.int32)
+    local = rng.integers(-2, B * bs * cp[0], (T, K)).astype(np.int32)
+    r_slots, r_valid = ref_convert(req_id, block_table, local, bs, True, cp=cp)
+    slots, valid = smla.convert_indices(req_id, block_table, local, block_size=bs,
+                                        compact=True, return_valid=True, cp_size=cp[0],
+                                        cp_rank=cp[1], cp_interleave=cp[2])
+    assert np.array_equal(slots, r_slots) and np.array_equal(valid, r_valid)
+    assert valid.sum() > 0
+
+
 # ---- cache write ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dr", [64, 0])

@@ -277,7 +277,10 @@ def test_opcheck(device):
     req = torch.zeros(3, dtype=torch.int32, device=device)
     bt = torch.arange(4, dtype=torch.int32, device=device)[None]
     loc = torch.randint(-1, 300, (3, 24), dtype=torch.int32, device=device)
-    torch.library.opcheck(torch.ops.smla.convert_indices.default, (req, bt, loc, 64, True, True))
+    torch.library.opcheck(torch.ops.smla.convert_indices.default,
+                          (req, bt, loc, 64, True, True, 0, 0, 1))
+    torch.library.opcheck(torch.ops.smla.convert_indices.default,
+                          (req, bt, loc, 64, True, True, 2, 1, 4))
     kv_c = torch.randn((3, DC), device=device).to(torch.bfloat16)
     k_pe = torch.randn((3, 64), device=device).to(torch.bfloat16)
     slot = torch.tensor([1, -1, 7], dtype=torch.int64, device=device)

@@ -17,6 +17,11 @@ typedef struct {
 
 static int32_t convert_one(const smla_convert_params *p, int32_t r, int32_t pos) {
   if (r < 0 || r >= p->num_requests || pos < 0) return -1;
+  if (p->cp_size >= 2) { /* this rank's entries only, at their local position */
+    const int64_t il = p->cp_interleave > 0 ? p->cp_interleave : 1;
+    if ((pos / il) % p->cp_size != p->cp_rank) return -1;
+    pos = (int32_t)((pos / (il * p->cp_size)) * il + pos % il);
+  }
   const int32_t block = pos / p->block_size;
   if (block >= p->blocks_per_request) return -1;
   const int32_t id = p->block_table[(int64_t)r * p->block_table_stride + block];

@@ -211,6 +211,11 @@ static smla_status cuda_convert(smla_context *ctx, const smla_convert_params *p,
   a.slots_stride = p->slots_stride;
   a.valid = p->valid;
   a.compact = p->compact;
+  if (p->cp_size >= 2) {
+    a.cp_size = p->cp_size;
+    a.cp_rank = p->cp_rank;
+    a.cp_interleave = p->cp_interleave > 0 ? p->cp_interleave : 1;
+  }
   return launched(ctx, prev, smla_cuda_convert(&a, stream), "smla_convert_indices: kernel");
 }
 

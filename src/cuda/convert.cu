@@ -1,6 +1,8 @@
 /*
  * convert.cu: request-local token positions -> cache slots (SPEC §1).
  *
+ * With cp_size >= 2 only the entries of rank cp_rank are kept, at their position in that
+ * rank's own sequence (the context-parallel filter, smla.h).
  * One block per row t. Plain mode: each thread maps its entries independently (slots may
  * alias local: every element is read and written by the same thread). Compact mode: an
  * in-order stream compaction, 256 entries per step: a warp ballot gives each valid entry
@@ -19,6 +21,11 @@
 __device__ __forceinline__ int32_t convert_one(const smla_cuda_convert_args &a, int32_t r,
                                                int32_t p) {
   if (r < 0 || r >= a.num_requests || p < 0) return -1;
+  if (a.cp_size >= 2) { /* this rank's entries only, at their local position */
+    const int64_t il = a.cp_interleave;
+    if ((p / il) % a.cp_size != a.cp_rank) return -1;
+    p = (int32_t)((p / (il * a.cp_size)) * il + p % il);
+  }
   const int32_t bi = p / a.block_size;
   if (bi >= a.blocks_per_request) return -1;
   const int32_t blk = a.block_table[(int64_t)r * a.block_table_stride + bi];

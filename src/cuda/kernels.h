@@ -37,6 +37,7 @@ typedef struct smla_cuda_convert_args {
   int64_t slots_stride;
   int32_t *valid;              /* [T] out; may be NULL */
   int compact;
+  int cp_size, cp_rank, cp_interleave; /* context-parallel filter: cp_size >= 2, I >= 1 */
 } smla_cuda_convert_args;
 
 cudaError_t smla_cuda_convert(const smla_cuda_convert_args *a, void *stream);
