@@ -60,9 +60,28 @@ CLI   := $(BUILD)/smla
 TESTS := $(BUILD)/test_smla
 EXAMPLE := $(BUILD)/decode_step
 
+# NCCL, for the decode-context-parallel example (examples/dcp_nccl.c) only: NCCL_HOME with
+# include/nccl.h and lib/ (or lib64/) libnccl.so*, else looked for beside CUDA and in
+# /usr/local, /usr; NCCL=0 leaves the example out. The library never links NCCL.
+DCP :=
+ifneq ($(NVCC),)
+ifneq ($(NCCL),0)
+  NCCL_HOME ?= $(firstword $(foreach d,$(CUDA_HOME) /usr/local /usr,$(if $(wildcard $(d)/include/nccl.h),$(d))))
+  ifneq ($(NCCL_HOME),)
+    NCCL_LIB := $(firstword $(wildcard $(NCCL_HOME)/lib64/libnccl.so $(NCCL_HOME)/lib/libnccl.so \
+                  $(NCCL_HOME)/lib/x86_64-linux-gnu/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so \
+                  $(NCCL_HOME)/lib64/libnccl.so.2 $(NCCL_HOME)/lib/libnccl.so.2 \
+                  /usr/lib/x86_64-linux-gnu/libnccl.so.2))
+    ifneq ($(NCCL_LIB),)
+      DCP := $(BUILD)/dcp_nccl
+    endif
+  endif
+endif
+endif
+
 .PHONY: all lib test test-c test-python bench plot install clean sanitize fuzz
 .DEFAULT_GOAL := all
-all: lib $(CLI) $(TESTS) $(EXAMPLE)
+all: lib $(CLI) $(TESTS) $(EXAMPLE) $(DCP)
 lib: $(STATIC) $(SHARED) $(BUILD)/libsmla.so
 
 $(BUILD)/obj/%.o: %.c
@@ -114,11 +133,18 @@ $(TESTS): $(TEST_SRC) $(wildcard tests/*.h) $(STATIC)
 $(EXAMPLE): examples/decode_step.c $(STATIC)
 	$(CC) $(WARN) $(CFLAGS) -Iinclude examples/decode_step.c -o $@ $(PROG_LDLIBS)
 
+$(DCP): examples/dcp_nccl.c $(STATIC)
+	$(CC) $(WARN) $(CFLAGS) -Iinclude -I$(NCCL_HOME)/include examples/dcp_nccl.c -o $@ \
+	  $(PROG_LDLIBS) $(NCCL_LIB) -Wl,-rpath,$(dir $(NCCL_LIB))
+
 test: test-c test-python
 
+# The DCP example with one rank per visible GPU (NCCL), then four ranks simulated on GPU 0
+# (it says SKIPPED without a GPU).
 test-c: all
 	$(TESTS)
 	$(EXAMPLE)
+	$(if $(DCP),$(DCP) && $(DCP) --simulate --ranks 4 --interleave 16,@echo "dcp_nccl: not built (no NCCL found; NCCL_HOME=...)")
 
 # The Python binding's tests (python/tests): numpy on the CPU always; with torch also the
 # torch CPU tests, and with a GPU the CUDA ones (each skipped case says why).
