@@ -14,7 +14,7 @@ CPPFLAGS_ALL := -Iinclude -Isrc -D_GNU_SOURCE
 LDLIBS  := -lm -lpthread
 
 VERSION_MAJOR := 0
-VERSION       := 0.1.0
+VERSION       := 0.2.0
 
 CUDA ?= auto
 ifeq ($(CUDA),auto)
@@ -144,7 +144,7 @@ test: test-c test-python
 test-c: all
 	$(TESTS)
 	$(EXAMPLE)
-	$(if $(DCP),$(DCP) && $(DCP) --simulate --ranks 4 --interleave 16,@echo "dcp_nccl: not built (no NCCL found; NCCL_HOME=...)")
+	$(if $(DCP),timeout 600 $(DCP) && timeout 600 $(DCP) --simulate --ranks 4 --interleave 16,@echo "dcp_nccl: not built (no NCCL found; NCCL_HOME=...)")
 
 # The Python binding's tests (python/tests): numpy on the CPU always; with torch also the
 # torch CPU tests, and with a GPU the CUDA ones (each skipped case says why).

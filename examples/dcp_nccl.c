@@ -11,7 +11,9 @@
  *   3. ncclAllGather of those parts (in place: one call, every rank gets all W);
  *   4. smla_merge_states over the W partials -> out, lse (exact log-sum-exp merge; a shard
  *      with no used entry has lse -inf and is never read).
- * The step is captured in one CUDA graph per rank and replayed. The merged output of every
+ * Each rank is driven by its own host thread (NCCL's advice for CUDA graphs over several
+ * GPUs), runs one eager step first (NCCL connects outside any capture), then captures the
+ * step in a CUDA graph (thread-local capture) and replays it. The merged output of every
  * rank is checked against a single-GPU forward over the whole cache (within bf16 rounding:
  * the partials travel as bf16).
  *
@@ -21,8 +23,8 @@
  * --ranks W (default: every visible GPU; NCCL, one rank per GPU). --simulate: the W shards
  * all on GPU 0 and no NCCL (the gather buffer is filled in place): the one-GPU check, and a
  * benchmark of the merge alone. --bench: after the check, per decode step (graph replays,
- * median of 50) for T = 1..64 and N = 16, 128: the all-gather, the merge, and the whole
- * step, in microseconds. NCCL's NVLink multicast is turned off (NCCL_NVLS_ENABLE=0) unless
+ * median of 50 samples of 20, the ranks starting each sample together; the slowest rank's)
+ * for T = 1..64 and N = 16, 128: the all-gather, the merge, and the whole step, in µs. NCCL's NVLink multicast is turned off (NCCL_NVLS_ENABLE=0) unless
  * the environment says otherwise. Exit status 0 when every check passed (or no GPU: then it
  * says SKIPPED).
  */
@@ -31,6 +33,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <pthread.h>
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -131,6 +135,7 @@ typedef struct {
   uint16_t *h_q, *h_kv;        /* host: q [T][N][576], token rows [L][576] */
   int32_t *h_pos;              /* [T][K] request positions, -1 = none */
   rank_t r[MAX_RANKS];
+  pthread_barrier_t bar;       /* the rank threads' */
 } problem;
 
 static int owner(const problem *p, int64_t pos) { return (int)((pos / p->o.I) % p->o.W); }
@@ -288,93 +293,58 @@ static void enqueue_merge(const problem *p, rank_t *k, const uint8_t *gather) {
   SMLA_OK_(k->ctx, smla_merge_states(k->ctx, &m, k->stream));
 }
 
-/* The all-gather of every rank's part, in place, as one NCCL group. */
-static void enqueue_allgather(problem *p) {
-  NCCL_OK(ncclGroupStart());
-  for (int r = 0; r < p->o.W; r++) {
-    rank_t *k = &p->r[r];
-    NCCL_OK(ncclAllGather(k->gather + (size_t)r * p->chunk, k->gather, p->chunk, ncclUint8,
-                          k->comm, k->stream));
-  }
-  NCCL_OK(ncclGroupEnd());
-}
-
-static void enqueue_simulated(problem *p, int stages);
-
-/* What one decode step enqueues: stage 1 = shards, 2 = all-gather, 4 = merge (bits). */
-static void enqueue_step(problem *p, int stages) {
-  const int W = p->o.W;
-  if (p->o.simulate) { /* every shard on GPU 0, straight into rank 0's gather buffer */
-    enqueue_simulated(p, stages);
+/* What rank r's decode step enqueues on its own stream, by stage bits: 1 = convert and
+ * forward over its shard, 2 = the in-place all-gather (its own communicator), 4 = merge.
+ * Simulated: rank 0's stream runs every shard, straight into rank 0's gather buffer. */
+static void enqueue_rank(problem *p, int r, int stages) {
+  rank_t *k = &p->r[r];
+  if (p->o.simulate) {
+    rank_t *k0 = &p->r[0];
+    for (int s = 0; (stages & 1) && s < p->o.W; s++) {
+      rank_t *ks = &p->r[s];
+      cudaStream_t keep = ks->stream;
+      ks->stream = k0->stream; /* one stream: one graph holds the whole step */
+      enqueue_shard(p, ks, s, k0->gather, s);
+      ks->stream = keep;
+    }
+    if (stages & 4) enqueue_merge(p, k0, k0->gather);
     return;
   }
-  for (int r = 0; (stages & 1) && r < W; r++) {
-    CUDA_OK(cudaSetDevice(p->r[r].dev));
-    enqueue_shard(p, &p->r[r], r, p->r[r].gather, r);
-  }
-  if (stages & 2) enqueue_allgather(p);
-  for (int r = 0; (stages & 4) && r < W; r++) {
-    CUDA_OK(cudaSetDevice(p->r[r].dev));
-    enqueue_merge(p, &p->r[r], p->r[r].gather);
-  }
+  if (stages & 1) enqueue_shard(p, k, r, k->gather, r);
+  if (stages & 2)
+    NCCL_OK(ncclAllGather(k->gather + (size_t)r * p->chunk, k->gather, p->chunk, ncclUint8,
+                          k->comm, k->stream));
+  if (stages & 4) enqueue_merge(p, k, k->gather);
 }
 
-static int active_ranks(const problem *p) { return p->o.simulate ? 1 : p->o.W; }
-
-/* Captures `stages` of a step into one graph per active rank (NCCL calls are capturable). */
-static void capture(problem *p, int stages) {
-  for (int r = 0; r < active_ranks(p); r++) {
-    rank_t *k = &p->r[r];
-    CUDA_OK(cudaSetDevice(k->dev));
-    if (k->exec) CUDA_OK(cudaGraphExecDestroy(k->exec));
-    if (k->graph) CUDA_OK(cudaGraphDestroy(k->graph));
-    k->exec = NULL;
-    k->graph = NULL;
-    CUDA_OK(cudaStreamBeginCapture(k->stream, cudaStreamCaptureModeRelaxed));
-  }
-  enqueue_step(p, stages);
-  for (int r = 0; r < active_ranks(p); r++) {
-    rank_t *k = &p->r[r];
-    CUDA_OK(cudaSetDevice(k->dev));
-    CUDA_OK(cudaStreamEndCapture(k->stream, &k->graph));
-    CUDA_OK(cudaGraphInstantiate(&k->exec, k->graph, 0));
-  }
+/* Captures rank r's stages into its graph (thread-local capture: one thread per rank). */
+static void rank_capture(problem *p, int r, int stages) {
+  rank_t *k = &p->r[r];
+  if (k->exec) CUDA_OK(cudaGraphExecDestroy(k->exec));
+  if (k->graph) CUDA_OK(cudaGraphDestroy(k->graph));
+  k->exec = NULL;
+  k->graph = NULL;
+  CUDA_OK(cudaStreamBeginCapture(k->stream, cudaStreamCaptureModeThreadLocal));
+  enqueue_rank(p, r, stages);
+  CUDA_OK(cudaStreamEndCapture(k->stream, &k->graph));
+  CUDA_OK(cudaGraphInstantiate(&k->exec, k->graph, 0));
 }
 
-static void replay(problem *p) {
-  for (int r = 0; r < active_ranks(p); r++) {
-    CUDA_OK(cudaSetDevice(p->r[r].dev));
-    CUDA_OK(cudaGraphLaunch(p->r[r].exec, p->r[r].stream));
-  }
-}
-
-static void sync_all(problem *p) {
-  for (int r = 0; r < active_ranks(p); r++) {
-    CUDA_OK(cudaSetDevice(p->r[r].dev));
-    CUDA_OK(cudaStreamSynchronize(p->r[r].stream));
-  }
-}
-
-/* Median of 50 timings (events on rank 0's stream, all ranks synchronized) of `reps`
- * replays of the captured stages, per replay, in microseconds. */
-static double time_us(problem *p, int stages) {
+/* Median over 50 samples of 20 replays of rank r's graph, per replay, in microseconds,
+ * from events on its own stream; the ranks start each sample together (barrier). */
+static double rank_time(problem *p, int r) {
   enum { SAMPLES = 50, REPS = 20 };
-  capture(p, stages);
-  replay(p);
-  sync_all(p);
-  rank_t *k0 = &p->r[0];
+  rank_t *k = &p->r[r];
   cudaEvent_t a, b;
-  CUDA_OK(cudaSetDevice(k0->dev));
   CUDA_OK(cudaEventCreate(&a));
   CUDA_OK(cudaEventCreate(&b));
   float ms[SAMPLES];
   for (int s = 0; s < SAMPLES; s++) {
-    CUDA_OK(cudaSetDevice(k0->dev));
-    CUDA_OK(cudaEventRecord(a, k0->stream));
-    for (int i = 0; i < REPS; i++) replay(p);
-    CUDA_OK(cudaSetDevice(k0->dev));
-    CUDA_OK(cudaEventRecord(b, k0->stream));
-    sync_all(p);
+    if (!p->o.simulate) pthread_barrier_wait(&p->bar);
+    CUDA_OK(cudaEventRecord(a, k->stream));
+    for (int i = 0; i < REPS; i++) CUDA_OK(cudaGraphLaunch(k->exec, k->stream));
+    CUDA_OK(cudaEventRecord(b, k->stream));
+    CUDA_OK(cudaEventSynchronize(b));
     CUDA_OK(cudaEventElapsedTime(&ms[s], a, b));
   }
   for (int i = 1; i < SAMPLES; i++)
@@ -386,6 +356,68 @@ static double time_us(problem *p, int stages) {
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return 1e3 * ms[SAMPLES / 2] / REPS;
+}
+
+/* One rank's work, on its own host thread (NCCL's advice for CUDA graphs with several
+ * GPUs: a thread per GPU, so that no launch can block another rank's). */
+typedef struct {
+  problem *p;
+  int r, n;
+  int stages[3];  /* graphs to capture (and time, when timing) */
+  int timing;
+  double us[3];
+} job_t;
+
+static void *rank_thread(void *arg) {
+  job_t *j = arg;
+  problem *p = j->p;
+  rank_t *k = &p->r[j->r];
+  CUDA_OK(cudaSetDevice(k->dev));
+  enqueue_rank(p, j->r, 1 | 2 | 4); /* one eager step: NCCL connects outside any capture */
+  CUDA_OK(cudaStreamSynchronize(k->stream));
+  if (!p->o.simulate) pthread_barrier_wait(&p->bar);
+  for (int i = 0; i < j->n; i++) {
+    rank_capture(p, j->r, j->stages[i]);
+    for (int rep = 0; rep < 2; rep++) /* twice: a replay must leave nothing behind */
+      CUDA_OK(cudaGraphLaunch(k->exec, k->stream));
+    CUDA_OK(cudaStreamSynchronize(k->stream));
+    if (j->timing) j->us[i] = rank_time(p, j->r);
+  }
+  return NULL;
+}
+
+/* Runs the jobs: a thread per rank, or rank 0 alone when simulated. Returns the slowest
+ * rank's time of each job. */
+static void run_ranks(problem *p, const int *stages, int n, int timing, double *us) {
+  const int W = p->o.simulate ? 1 : p->o.W;
+  job_t jobs[MAX_RANKS];
+  pthread_t tid[MAX_RANKS];
+  if (!p->o.simulate && pthread_barrier_init(&p->bar, NULL, (unsigned)W)) {
+    fprintf(stderr, "dcp_nccl: pthread_barrier_init failed\n");
+    exit(1);
+  }
+  for (int r = 0; r < W; r++) {
+    memset(&jobs[r], 0, sizeof jobs[r]);
+    jobs[r].p = p;
+    jobs[r].r = r;
+    jobs[r].n = n;
+    jobs[r].timing = timing;
+    for (int i = 0; i < n; i++) jobs[r].stages[i] = stages[i];
+    if (W == 1) {
+      rank_thread(&jobs[r]);
+    } else if (pthread_create(&tid[r], NULL, rank_thread, &jobs[r])) {
+      fprintf(stderr, "dcp_nccl: pthread_create failed\n");
+      exit(1);
+    }
+  }
+  if (W > 1)
+    for (int r = 0; r < W; r++) pthread_join(tid[r], NULL);
+  if (!p->o.simulate) pthread_barrier_destroy(&p->bar);
+  for (int i = 0; i < n && us; i++) {
+    us[i] = 0.0;
+    for (int r = 0; r < W; r++)
+      if (jobs[r].us[i] > us[i]) us[i] = jobs[r].us[i];
+  }
 }
 
 static void problem_init(problem *p, const options *o, ncclComm_t *comms) {
@@ -411,22 +443,6 @@ static void problem_init(problem *p, const options *o, ncclComm_t *comms) {
     }
     if (comms) p->r[r].comm = comms[r];
   }
-}
-
-/* The simulated step: shard r runs on its own rank_t (own cache), all on GPU 0's streams
- * joined to rank 0's stream by events, so the graph of rank 0 holds the whole step. */
-static void enqueue_simulated(problem *p, int stages) {
-  rank_t *k0 = &p->r[0];
-  CUDA_OK(cudaSetDevice(k0->dev));
-  if (stages & 1)
-    for (int r = 0; r < p->o.W; r++) {
-      rank_t *k = &p->r[r];
-      cudaStream_t keep = k->stream;
-      k->stream = k0->stream; /* one stream: capturable as one graph */
-      enqueue_shard(p, k, r, k0->gather, r);
-      k->stream = keep;
-    }
-  if (stages & 4) enqueue_merge(p, k0, k0->gather);
 }
 
 static void problem_free(problem *p) {
@@ -455,7 +471,7 @@ static int check(problem *p) {
   CUDA_OK(cudaMemcpy(ref, u.out, TN * SMLA_DC * 2, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(rl, u.lse, TN * 4, cudaMemcpyDeviceToHost));
   int bad = 0;
-  for (int r = 0; r < active_ranks(p); r++) {
+  for (int r = 0; r < (p->o.simulate ? 1 : p->o.W); r++) {
     CUDA_OK(cudaSetDevice(p->r[r].dev));
     CUDA_OK(cudaMemcpy(got, p->r[r].out, TN * SMLA_DC * 2, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(gl, p->r[r].lse, TN * 4, cudaMemcpyDeviceToHost));
@@ -513,23 +529,29 @@ static int parse(int argc, char **argv, options *o) {
   return 0;
 }
 
-/* One configuration: set up, step (captured and replayed twice), check; optionally time. */
+/* One configuration: set up, one eager step, the step captured and replayed twice, then
+ * the check; or, timing, the graphs of the merge, the all-gather and the whole step. */
 static int run(const options *o, ncclComm_t *comms, int timing) {
   problem p;
   problem_init(&p, o, comms);
-  capture(&p, 1 | 2 | 4);
-  replay(&p);
-  replay(&p); /* twice: a replay must leave nothing behind that changes the next */
-  sync_all(&p);
-  int bad = timing ? 0 : check(&p);
-  if (timing && o->simulate) {
-    const double merge = time_us(&p, 4), step = time_us(&p, 1 | 4);
+  int bad = 0;
+  if (!timing) {
+    const int whole = 1 | 2 | 4;
+    run_ranks(&p, &whole, 1, 0, NULL);
+    bad = check(&p);
+  } else if (o->simulate) {
+    const int stages[2] = {4, 1 | 4};
+    double us[2];
+    run_ranks(&p, stages, 2, 1, us);
     printf("  T %3d  N %3d  W %d (simulated on one GPU): merge %7.2f us, whole step %8.2f us\n",
-           o->T, o->N, o->W, merge, step);
-  } else if (timing) {
-    const double merge = time_us(&p, 4), gather = time_us(&p, 2), step = time_us(&p, 1 | 2 | 4);
+           o->T, o->N, o->W, us[0], us[1]);
+  } else {
+    const int stages[3] = {4, 2, 1 | 2 | 4};
+    double us[3];
+    run_ranks(&p, stages, 3, 1, us);
     printf("  T %3d  N %3d  W %d: all-gather %7.2f us, merge %7.2f us (overhead %7.2f), "
-           "whole step %8.2f us\n", o->T, o->N, o->W, gather, merge, gather + merge, step);
+           "whole step %8.2f us (slowest rank each)\n", o->T, o->N, o->W, us[1], us[0],
+           us[0] + us[1], us[2]);
   }
   problem_free(&p);
   return bad;
@@ -542,7 +564,7 @@ int main(int argc, char **argv) {
     printf("dcp_nccl: SKIPPED (no CUDA device)\n");
     return 0;
   }
-  o.W = ndev;
+  o.W = ndev < MAX_RANKS ? ndev : MAX_RANKS;
   if (parse(argc, argv, &o)) return 2;
   if (!o.simulate && o.W > ndev) {
     fprintf(stderr, "dcp_nccl: --ranks %d but %d GPU(s) are visible (one rank per GPU; "

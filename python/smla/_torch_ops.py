@@ -99,8 +99,8 @@ if HAVE_CUSTOM_OP:
     # ---- convert indices --------------------------------------------------------------------
     @custom_op("smla::convert_indices", mutates_args=())
     def convert_op(req_id: Tensor, block_table: Tensor, local: Tensor, block_size: int,
-                   compact: bool, want_valid: bool, cp_size: int, cp_rank: int,
-                   cp_interleave: int) -> Tuple[Tensor, Tensor]:
+                   compact: bool, want_valid: bool, cp_size: int = 0, cp_rank: int = 0,
+                   cp_interleave: int = 1) -> Tuple[Tensor, Tensor]:
         slots = local.new_empty(local.shape)
         valid = local.new_empty((local.shape[0],) if want_valid else (0,))
         _ops.convert_into(req_id, block_table, local, block_size, compact, want_valid, slots,
@@ -109,21 +109,21 @@ if HAVE_CUSTOM_OP:
         return slots, valid
 
     @convert_op.register_fake
-    def _convert_fake(req_id, block_table, local, block_size, compact, want_valid, cp_size,
-                      cp_rank, cp_interleave):
+    def _convert_fake(req_id, block_table, local, block_size, compact, want_valid, cp_size=0,
+                      cp_rank=0, cp_interleave=1):
         return (local.new_empty(local.shape),
                 local.new_empty((local.shape[0],) if want_valid else (0,)))
 
     @custom_op("smla::convert_indices_out", mutates_args=("slots", "valid"))
     def convert_out_op(req_id: Tensor, block_table: Tensor, local: Tensor, slots: Tensor,
-                       valid: Optional[Tensor], block_size: int, compact: bool, cp_size: int,
-                       cp_rank: int, cp_interleave: int) -> None:
+                       valid: Optional[Tensor], block_size: int, compact: bool,
+                       cp_size: int = 0, cp_rank: int = 0, cp_interleave: int = 1) -> None:
         _ops.convert_into(req_id, block_table, local, block_size, compact, valid is not None,
                           slots, valid, None, cp=(cp_size, cp_rank, cp_interleave))
 
     @convert_out_op.register_fake
     def _convert_out_fake(req_id, block_table, local, slots, valid, block_size, compact,
-                          cp_size, cp_rank, cp_interleave):
+                          cp_size=0, cp_rank=0, cp_interleave=1):
         return None
 
     # ---- cache write --------------------------------------------------------------------------

@@ -278,7 +278,7 @@ def test_opcheck(device):
     bt = torch.arange(4, dtype=torch.int32, device=device)[None]
     loc = torch.randint(-1, 300, (3, 24), dtype=torch.int32, device=device)
     torch.library.opcheck(torch.ops.smla.convert_indices.default,
-                          (req, bt, loc, 64, True, True, 0, 0, 1))
+                          (req, bt, loc, 64, True, True))  # cp_* default to off
     torch.library.opcheck(torch.ops.smla.convert_indices.default,
                           (req, bt, loc, 64, True, True, 2, 1, 4))
     kv_c = torch.randn((3, DC), device=device).to(torch.bfloat16)
