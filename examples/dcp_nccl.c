@@ -21,11 +21,12 @@
  *                  [--tokens L] [--simulate] [--bench]
  *
  * --ranks W (default: every visible GPU; NCCL, one rank per GPU). --simulate: the W shards
- * all on GPU 0 and no NCCL (the gather buffer is filled in place): the one-GPU check, and a
- * benchmark of the merge alone. --bench: after the check, per decode step (graph replays,
- * median of 50 samples of 20, the ranks starting each sample together; the slowest rank's)
- * for T = 1..64 and N = 16, 128: the all-gather, the merge, and the whole step, in µs. NCCL's NVLink multicast is turned off (NCCL_NVLS_ENABLE=0) unless
- * the environment says otherwise. Exit status 0 when every check passed (or no GPU: then it
+ * all on GPU 0 and no NCCL (the gather buffer is filled in place): the one-GPU check; its
+ * --bench times the merge and the whole step. --bench: after the check, per decode step
+ * (graph replays, median of 50 samples of 20, the ranks starting each sample together; the
+ * slowest rank's) for T = 1..64 and N = 16, 128: the all-gather, the merge, and the whole
+ * step, in µs. NCCL's NVLink multicast is turned off (NCCL_NVLS_ENABLE=0) unless the
+ * environment says otherwise. Exit status 0 when every check passed (or no GPU: then it
  * says SKIPPED).
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -184,6 +185,9 @@ static void rank_setup(problem *p, rank_t *k, int r, int dev, int for_union) {
   CUDA_OK(cudaMemset(k->lse, 0xff, TN * 4));
   free(hc);
   free(ht);
+  /* The copies and memsets above went to the legacy stream, which the rank's non-blocking
+   * stream does not wait for. */
+  CUDA_OK(cudaDeviceSynchronize());
   smla_plan_desc d;
   memset(&d, 0, sizeof d);
   d.max_tokens = o->T;
@@ -376,6 +380,13 @@ static void *rank_thread(void *arg) {
   enqueue_rank(p, j->r, 1 | 2 | 4); /* one eager step: NCCL connects outside any capture */
   CUDA_OK(cudaStreamSynchronize(k->stream));
   if (!p->o.simulate) pthread_barrier_wait(&p->bar);
+  /* Poison again what the eager step wrote, so that the check sees the graphs' results.
+   * (A peer writes this rank's gather only inside a collective, after this on its stream.) */
+  CUDA_OK(cudaMemsetAsync(k->gather, 0xff, (size_t)p->o.W * p->chunk, k->stream));
+  CUDA_OK(cudaMemsetAsync(k->out, 0xff, (size_t)p->o.T * p->o.N * SMLA_DC * 2, k->stream));
+  CUDA_OK(cudaMemsetAsync(k->lse, 0xff, (size_t)p->o.T * p->o.N * 4, k->stream));
+  CUDA_OK(cudaStreamSynchronize(k->stream));
+  if (!p->o.simulate) pthread_barrier_wait(&p->bar);
   for (int i = 0; i < j->n; i++) {
     rank_capture(p, j->r, j->stages[i]);
     for (int rep = 0; rep < 2; rep++) /* twice: a replay must leave nothing behind */
@@ -440,6 +451,7 @@ static void problem_init(problem *p, const options *o, ncclComm_t *comms) {
     if (!o->simulate || r == 0) {
       CUDA_OK(cudaMalloc((void **)&p->r[r].gather, (size_t)o->W * p->chunk));
       CUDA_OK(cudaMemset(p->r[r].gather, 0xff, (size_t)o->W * p->chunk));
+      CUDA_OK(cudaDeviceSynchronize());
     }
     if (comms) p->r[r].comm = comms[r];
   }

@@ -192,7 +192,8 @@ static int d_shard_forward(t_case *tc, smla_context *ctx, const d_problem *d, co
       t_expect_ok(tc, smla_plan_create(ctx, &pd, NULL, 0, &plan), ctx, "smla_plan_create")) {
     const smla_convert_params c =
         d_convert_params(d, s, rank, d_req, d_table, d_pos, d_slots, d_len);
-    const smla_forward_params f = d_forward_params(d, s, d_q, d_cache, d_slots, d_len, d_out, d_lse);
+    const smla_forward_params f =
+        d_forward_params(d, s, d_q, d_cache, d_slots, d_len, d_out, d_lse);
     ok = t_expect_ok(tc, smla_convert_indices(ctx, &c, NULL), ctx, "smla_convert_indices (cp)") &&
          t_expect_ok(tc, smla_forward(plan, &f, NULL), ctx, "smla_forward (shard)") &&
          t_sync(tc) == 0;
@@ -239,7 +240,8 @@ static void d_run(t_case *tc, d_problem *d) {
     void *d_pos = t_upload(tc, d->pos, (size_t)d->T * d->K * 4);
     uint16_t *d_outp = t_alloc(tc, (size_t)d->W * TN * REF_DC * 2); /* [W][T][N][512] */
     float *d_lsep = t_alloc(tc, (size_t)d->W * TN * 4);
-    uint16_t *d_out = t_alloc(tc, (size_t)TN * REF_DC * 2), *d_all = t_alloc(tc, (size_t)TN * REF_DC * 2);
+    uint16_t *d_out = t_alloc(tc, (size_t)TN * REF_DC * 2);
+    uint16_t *d_all = t_alloc(tc, (size_t)TN * REF_DC * 2);
     float *d_lse = t_alloc(tc, (size_t)TN * 4), *d_all_lse = t_alloc(tc, (size_t)TN * 4);
     uint16_t *out = t_xmalloc((size_t)TN * REF_DC * 2), *all = t_xmalloc((size_t)TN * REF_DC * 2);
     float *lse = t_xmalloc((size_t)TN * 4), *all_lse = t_xmalloc((size_t)TN * 4);
