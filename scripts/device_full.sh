@@ -6,7 +6,8 @@
 #    test driver, while the Python GPU checks run (python/run_gpu_checks.sh: pytest, the
 #    example); neither is timed;
 # 3. then, alone on the GPU: the binding's host overhead (T=1, N=16 and 128), the decode
-#    and prefill presets, the fp8 decode shapes.
+#    and prefill presets, the fp8 decode shapes, and the DCP example (build/dcp_nccl, one
+#    rank per GPU, and 4 ranks simulated on GPU 0) with its merge benchmark.
 # Writes $OUT/logs.tgz (every log) and prints a summary. Exit status: 0 when the tests,
 # the sanitizer and the Python checks passed.
 set -u
@@ -17,6 +18,12 @@ fail=0
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 { nvidia-smi -L; nvcc --version | tail -1; echo "commit $SMLA_GIT_COMMIT"; } >"$L/env.txt" 2>&1
+# NCCL for the DCP example: beside CUDA, or the nvidia-nccl wheel of the machine's Python.
+if [ -z "${NCCL_HOME:-}" ] && ! ls /usr/local/cuda/include/nccl.h /usr/include/nccl.h >/dev/null 2>&1; then
+  NCCL_HOME=$(${PYTHON:-python3} -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+  [ -n "$NCCL_HOME" ] && export NCCL_HOME
+fi
+echo "NCCL_HOME=${NCCL_HOME:-(beside CUDA)}" >>"$L/env.txt"
 if ! make -j16 all >"$L/build.log" 2>&1; then
   tail -30 "$L/build.log"; tar czf "$O/logs.tgz" -C "$L" .; exit 1
 fi
@@ -44,6 +51,15 @@ build/smla bench --preset decode "$@" --json "$L/decode.json" >"$L/bench_decode.
 build/smla bench --preset prefill "$@" --json "$L/prefill.json" >"$L/bench_prefill.txt" 2>&1
 build/smla bench --preset decode --format fp8_ds -N 16,128 -T 1,16,64 >"$L/bench_fp8ds.txt" 2>&1
 stamp "benches done"
+# Decode context parallelism: one rank per GPU over NCCL, then 4 ranks simulated on GPU 0
+# with the merge benchmark (docs/dcp.md).
+if [ -x build/dcp_nccl ]; then
+  timeout 200 build/dcp_nccl --bench >"$L/dcp_nccl.txt" 2>&1 || fail=1
+  timeout 200 build/dcp_nccl --simulate --ranks 4 --interleave 16 --bench >"$L/dcp_sim.txt" 2>&1 || fail=1
+  stamp "dcp_nccl: $(tail -1 "$L/dcp_nccl.txt"); simulated: $(tail -1 "$L/dcp_sim.txt")"
+else
+  stamp "dcp_nccl: not built (no NCCL found)"
+fi
 grep -E "^ceilings|^commit" "$L/bench_decode.txt"
 grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" | cut -c1-80
 grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_prefill.txt" | cut -c1-80
