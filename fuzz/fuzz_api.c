@@ -145,6 +145,11 @@ static void fuzz_convert(smla_context *ctx, bytes *b) {
   p.local_stride = p.topk + (int64_t)(take(b, 1) % 3) - 1;
   p.slots_stride = p.topk + (int64_t)(take(b, 1) % 3) - 1;
   p.compact = (int)(take(b, 1) % 3);
+  if (take(b, 1) & 1) { /* the context-parallel filter, also with bad values */
+    p.cp_size = (int)pick(b, 0, 4);
+    p.cp_rank = (int)pick(b, 0, 3);
+    p.cp_interleave = (int)pick(b, 0, 16);
+  }
   const int64_t T = p.num_tokens > 0 ? p.num_tokens : 1, K = p.topk > 0 ? p.topk : 1;
   const int64_t R = p.num_requests > 0 ? p.num_requests : 1;
   void *bufs[5] = {0};
