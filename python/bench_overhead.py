@@ -25,6 +25,7 @@ overhead = variant - c. The issue's bar: eager - c < 10 µs at T=1.
 """
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -54,6 +55,8 @@ def main():
     ap.add_argument("--calls", type=int, default=20, help="calls per timed batch")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--cpu", action="store_true", help="the CPU even when a GPU is there")
+    ap.add_argument("--no-inference-mode", action="store_true", help="time outside "
+                    "torch.inference_mode (default: inside, as engines run)")
     ap.add_argument("--gc", action="store_true", help="leave Python's garbage collector on "
                     "while timing (default: off, for steadier medians)")
     a = ap.parse_args()
@@ -90,6 +93,7 @@ def main():
     kv = smla.KVCache(cache)
     out0, lse0 = smla.forward(q, None, cache, slots, lengths=lengths, return_lse=True)  # plan
     plan = _ops.auto_plan(_ops.device_index(dev), N, K, 64, 0, T)
+    print("inference_mode: %s" % ("off" if a.no_inference_mode or torch is None else "on"))
     print("device: %s; torch %s; python %s; gc %s" % (
         torch.cuda.get_device_name() if cuda else "cpu (1 thread)",
         torch.__version__ if torch is not None else "none", sys.version.split()[0],
@@ -139,21 +143,26 @@ def main():
         variants.append(("custom_op", custom_op))
 
     assert c_call() == 0
-    for _, f in variants:  # warm-up
-        for _ in range(50):
-            f()
-    sync()
-    per = {name: [] for name, _ in variants}
-    clock = time.perf_counter_ns
-    for _ in range(a.batches):
-        for name, f in variants:
-            sync()
-            t0 = clock()
-            for _ in range(a.calls):
+    # Timed under torch.inference_mode, as an engine runs its model (and the condition of
+    # the binding's output pool); --no-inference-mode times plain eager mode.
+    mode = torch.inference_mode() if torch is not None and not a.no_inference_mode \
+        else contextlib.nullcontext()
+    with mode:
+        for _, f in variants:  # warm-up
+            for _ in range(50):
                 f()
-            t1 = clock()
-            per[name].append((t1 - t0) / a.calls / 1000.0)
-    sync()
+        sync()
+        per = {name: [] for name, _ in variants}
+        clock = time.perf_counter_ns
+        for _ in range(a.batches):
+            for name, f in variants:
+                sync()
+                t0 = clock()
+                for _ in range(a.calls):
+                    f()
+                t1 = clock()
+                per[name].append((t1 - t0) / a.calls / 1000.0)
+        sync()
 
     med = {k: statistics.median(v) for k, v in per.items()}
     print("\nhost time per forward call (median of %d batches of %d calls), µs:"

@@ -8,11 +8,18 @@
 # 3. then, alone on the GPU: the binding's host overhead (T=1, N=16 and 128), the decode
 #    and prefill presets, the fp8 decode shapes, and the DCP example (build/dcp_nccl, one
 #    rank per GPU, and 4 ranks simulated on GPU 0) with its merge benchmark.
-# Writes $OUT/logs.tgz (every log) and prints a summary. Exit status: 0 when the tests,
-# the sanitizer and the Python checks passed.
+# Writes $OUT/logs.tgz (every log, also when a step fails or the call runs out of time)
+# and prints a summary. Exit status: 0 when the tests, the sanitizer, the Python checks and
+# the DCP example passed. Typical time on the H200: ~6-7 min (349 s at dd397b9, before the
+# DCP steps); the per-step timeouts add up to more than one 600 s call, so a slow run is
+# cut short rather than lost. The overhead figures inside run_gpu_checks.sh's logs are
+# taken while the sanitizer runs: use the ones of step 3.
 set -u
 O=${OUT:-.out}
+mkdir -p "$O"
 L=$(mktemp -d)
+# Whatever happens (a step past its time, a failed build), the logs so far come back.
+trap 'tar czf "$O/logs.tgz" -C "$L" . 2>/dev/null' EXIT
 export SMLA_GIT_COMMIT=${SMLA_GIT_COMMIT:-unknown} PYTHONUNBUFFERED=1
 fail=0
 t0=$(date +%s)
@@ -25,7 +32,7 @@ if [ -z "${NCCL_HOME:-}" ] && ! ls /usr/local/cuda/include/nccl.h /usr/include/n
 fi
 echo "NCCL_HOME=${NCCL_HOME:-(beside CUDA)}" >>"$L/env.txt"
 if ! make -j16 all >"$L/build.log" 2>&1; then
-  tail -30 "$L/build.log"; tar czf "$O/logs.tgz" -C "$L" .; exit 1
+  tail -30 "$L/build.log"; exit 1
 fi
 stamp "build ok"
 timeout 200 build/test_smla >"$L/test.log" 2>&1 || fail=1
@@ -43,19 +50,19 @@ stamp "sanitize: $(grep -E 'sanitize_gpu: ' "$L/sanitize.log" | tr '\n' ';')"
 stamp "python: $(tr '\n' ';' <"$L/py/summary.txt")"
 
 for n in 16 128; do
-  ${PYTHON:-python3} python/bench_overhead.py --heads "$n" --json "$L/overhead_n$n.json" \
+  timeout 60 ${PYTHON:-python3} python/bench_overhead.py --heads "$n" --json "$L/overhead_n$n.json" \
     >"$L/overhead_n$n.log" 2>&1
   stamp "$(grep -E '^binding overhead' "$L/overhead_n$n.log") N=$n"
 done
-build/smla bench --preset decode "$@" --json "$L/decode.json" >"$L/bench_decode.txt" 2>&1
-build/smla bench --preset prefill "$@" --json "$L/prefill.json" >"$L/bench_prefill.txt" 2>&1
-build/smla bench --preset decode --format fp8_ds -N 16,128 -T 1,16,64 >"$L/bench_fp8ds.txt" 2>&1
+timeout 90 build/smla bench --preset decode "$@" --json "$L/decode.json" >"$L/bench_decode.txt" 2>&1
+timeout 120 build/smla bench --preset prefill "$@" --json "$L/prefill.json" >"$L/bench_prefill.txt" 2>&1
+timeout 60 build/smla bench --preset decode --format fp8_ds -N 16,128 -T 1,16,64 >"$L/bench_fp8ds.txt" 2>&1
 stamp "benches done"
 # Decode context parallelism: one rank per GPU over NCCL, then 4 ranks simulated on GPU 0
 # with the merge benchmark (docs/dcp.md).
 if [ -x build/dcp_nccl ]; then
-  timeout 200 build/dcp_nccl --bench >"$L/dcp_nccl.txt" 2>&1 || fail=1
-  timeout 200 build/dcp_nccl --simulate --ranks 4 --interleave 16 --bench >"$L/dcp_sim.txt" 2>&1 || fail=1
+  timeout 120 build/dcp_nccl --bench >"$L/dcp_nccl.txt" 2>&1 || fail=1
+  timeout 120 build/dcp_nccl --simulate --ranks 4 --interleave 16 --bench >"$L/dcp_sim.txt" 2>&1 || fail=1
   stamp "dcp_nccl: $(tail -1 "$L/dcp_nccl.txt"); simulated: $(tail -1 "$L/dcp_sim.txt")"
 else
   stamp "dcp_nccl: not built (no NCCL found)"
@@ -63,5 +70,4 @@ fi
 grep -E "^ceilings|^commit" "$L/bench_decode.txt"
 grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" | cut -c1-80
 grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_prefill.txt" | cut -c1-80
-tar czf "$O/logs.tgz" -C "$L" .
 exit $fail

@@ -44,6 +44,7 @@ logdir=${SANITIZER_LOG_DIR:-}
 keep=1
 if [ -z "$logdir" ]; then logdir=$(mktemp -d); keep=0; fi
 mkdir -p "$logdir"
+rm -f "$logdir"/*.verdict  # a reused folder must not answer for this run
 
 # One tool's run; its verdict goes to $logdir/$tool.verdict ("ok" or the failure line).
 run_tool() {

@@ -223,8 +223,9 @@ static void d_reference(const d_problem *d, double *out, double *lse) {
 }
 
 /* out (bf16 partials then merged) within bf16 rounding of the union: the forward's own
- * bound (tests/fwd.c TOL_OUT: 2e-3 + 1e-2 |ref|) plus one bf16 rounding of each partial,
- * a P-weighted mean of values in [-1, 1]: <= 2^-9 more. lse: float arithmetic only. */
+ * bound (tests/fwd.c TOL_OUT: 2e-3 + 1e-2 |ref|) plus one bf16 rounding of each partial
+ * (2^-8 of |out_p|, weights summing to 1: <= 2^-8 max |out_p|, and |out_p| is a mean of
+ * values in [-1, 1], ~0.05 here), covered by 2e-3 more. lse: float arithmetic only. */
 static const t_tol D_TOL_OUT = {4e-3, 1e-2};
 static const t_tol D_TOL_LSE = {2e-4, 1e-5};
 

@@ -652,14 +652,17 @@ def _cache_fast(cache, format, dr, dev):
 
 # ---- small eager outputs from a pooled slab ---------------------------------------------------------
 # torch's allocator costs ~4-5 µs per tensor (allocation and free) on the H200 machine's host,
-# half of the host-overhead bar by itself. For small eager CUDA forwards the fast path takes
-# out (and lse) from a slab of up to _SLAB_BYTES made by one allocation and cut into views
-# by one unbind: each view is handed out once and never reused, so results never alias; the
-# slab's memory returns to torch's allocator when its last view is dropped (a held output
-# keeps at most one slab alive). One pool per (device, stream, shape, dtype, inference
-# mode): a slab is only used on the stream it was allocated on, as torch's allocator wants.
-# Not during CUDA graph capture (outputs then come from the graph's pool as usual), not for
-# an explicit stream argument, not for outputs over _POOL_MAX_BYTES.
+# half of the host-overhead bar by itself. Under torch.inference_mode (how engines run a
+# model) the fast path takes small eager CUDA outputs (out, lse) from a slab of up to
+# _SLAB_BYTES made by one allocation and cut into views by one unbind: each view is handed
+# out once and never reused, so results never alias; the slab's memory returns to torch's
+# allocator when its last view is dropped (a held output keeps at most one slab alive).
+# Inference tensors carry no version counter and no autograd view tracking, so a view
+# behaves like its own tensor there; outside inference mode (autograd could see the views
+# share a base) outputs are allocated one by one. One pool per (device, stream, shape,
+# dtype): a slab is only used on the stream it was allocated on, as torch's allocator
+# wants. Not during CUDA graph capture, not for an explicit stream argument, not for outputs
+# over _POOL_MAX_BYTES. (A pooled output must not be resize_()d: it shares the slab.)
 _SLAB_BYTES = 2 << 20
 _POOL_MAX_BYTES = 256 << 10
 _pools = {}
@@ -678,12 +681,16 @@ def _pooled(like, shape, dtype, elem, dev, st):
     n = elem
     for d in shape:
         n *= d
-    if n > _POOL_MAX_BYTES or not n or _capturing_now() or _cur_device() != dev:
+    if n > _POOL_MAX_BYTES or not n or not _inference() or _cur_device() != dev or \
+            _capturing_now():
         return None
-    key = (dev, st, shape, dtype, _inference())
+    key = (dev, st, shape, dtype)
     views = _pools.get(key)
     if views:
-        return views.pop()
+        try:
+            return views.pop()
+        except IndexError:  # another thread took the last one (free-threaded builds)
+            pass
     count = max(2, min(64, _SLAB_BYTES // n))
     views = list(like.new_empty((count,) + shape, dtype=dtype).unbind(0))
     views.reverse()  # hand out in address order

@@ -36,6 +36,9 @@ class PartialBuffers:
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        if self.rank < 0:
+            raise ValueError("smla.dcp.PartialBuffers: this process is not in `group`")
+        self.nccl = dist.get_backend(group) == "nccl"
         T, N = int(num_tokens), int(num_heads)
         self.T, self.N = T, N
         self.out_bytes = T * N * DC * 2
@@ -53,11 +56,11 @@ class PartialBuffers:
         self.merged_lse = torch.empty((T, N), dtype=torch.float32, device=device)
 
     def all_gather(self):
-        """Every rank's row of the gather buffer, in place (this rank's row is the input).
-        CUDA (NCCL): one all_gather_into_tensor, its input this rank's slice of the output.
-        CPU (gloo): the list form, from a copy of the row."""
-        if self.recv.is_cuda and hasattr(dist, "all_gather_into_tensor"):
-            dist.all_gather_into_tensor(self.recv, self.send, group=self.group)
+        """Every rank's row of the gather buffer (this rank's row is the input). NCCL: one
+        all_gather_into_tensor in place (its input is this rank's slice of the output);
+        other backends (gloo): the list form, from a copy of the row."""
+        if self.nccl:
+            dist.all_gather_into_tensor(self.recv.view(-1), self.send, group=self.group)
         else:
             dist.all_gather(list(self.recv.unbind(0)), self.send.clone(), group=self.group)
 

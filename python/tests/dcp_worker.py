@@ -36,8 +36,9 @@ def main(rank, world, interleave, init_file, seed):
     import torch.distributed as dist
     import smla
     import smla.dcp
+    import datetime
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
     T, N, K, L, bs = 4, 16, 256, 1500, 16
     q, rows, pos = problem(seed, T, N, K, L)
     qt = torch.from_numpy(q).to(torch.bfloat16)

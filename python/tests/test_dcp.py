@@ -30,9 +30,14 @@ def test_dcp_over_gloo(tmp_path, world, interleave):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for r in range(world)]
     logs = []
-    for p in procs:
-        out, _ = p.communicate(timeout=240)
-        logs.append((p.returncode, out.decode(errors="replace")))
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=240)
+            logs.append((p.returncode, out.decode(errors="replace")))
+    finally:
+        for p in procs:  # a hung rank must not outlive the test
+            if p.poll() is None:
+                p.kill()
     bad = [(r, log) for r, (rc, log) in enumerate(logs) if rc != 0]
     assert not bad, "\n".join("rank %d:\n%s" % (r, log[-3000:]) for r, log in bad)
 
