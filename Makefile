@@ -40,6 +40,9 @@ ifneq ($(NVCC),)
   NVCC_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
                   -gencode arch=compute_80,code=compute_80
   NVCC_FLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC,-Wall -Werror all-warnings -lineinfo
+  # Kernel experiments switched on at build time, e.g. NVCC_EXTRA=-DSMLA_MERGE_V3=1 (use
+  # another BUILD= folder to keep both builds).
+  NVCC_EXTRA ?=
 endif
 
 OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
@@ -94,11 +97,11 @@ $(BUILD)/obj/src/cpu/forward.o: EXTRA_CFLAGS := -O3 -ffp-contract=fast -Wno-psab
 
 $(BUILD)/obj/src/cuda/sm90/%.o: src/cuda/sm90/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -gencode arch=compute_90a,code=sm_90a $(CPPFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_EXTRA) -gencode arch=compute_90a,code=sm_90a $(CPPFLAGS_ALL) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) $(NVCC_GENCODE) $(CPPFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_EXTRA) $(NVCC_GENCODE) $(CPPFLAGS_ALL) -MMD -MP -c $< -o $@
 
 $(STATIC): $(OBJ)
 	@rm -f $@

@@ -67,6 +67,18 @@ if [ -x build/dcp_nccl ]; then
 else
   stamp "dcp_nccl: not built (no NCCL found)"
 fi
+# A/B of the experimental combine (src/cuda/merge.cu, SMLA_MERGE_V3): its own build, the
+# whole test driver (the combine runs in every split forward), the decode shapes.
+if make -j16 all BUILD=build-v3 NVCC_EXTRA=-DSMLA_MERGE_V3=1 >"$L/build_v3.log" 2>&1; then
+  timeout 200 build-v3/test_smla >"$L/test_v3.log" 2>&1
+  stamp "merge v3: test_smla $(tail -1 "$L/test_v3.log")"
+  timeout 90 build-v3/smla bench --preset decode "$@" >"$L/bench_decode_v3.txt" 2>&1
+  echo "decode, combine v1 | v3 (median us):"
+  paste <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" | awk '{printf "T=%-3s N=%-4s %8s\n", $1, $2, $3}') \
+        <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode_v3.txt" | awk '{print $3}')
+else
+  stamp "merge v3: build failed (build_v3.log)"
+fi
 grep -E "^ceilings|^commit" "$L/bench_decode.txt"
 grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" | cut -c1-80
 grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_prefill.txt" | cut -c1-80

@@ -176,6 +176,106 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const smla_cuda_me
   }
 }
 
+/* ---- v3 (experiment, SMLA_MERGE_V3=1 at build time; default off until measured) ------
+ * One block of 8 warps per (t, h, 128-column chunk): lane l owns columns 128 c + 4 l, warp
+ * w the partials p = w, w + 8, ... Each warp reduces the P lse values itself (lanes over
+ * p, shuffles: no shared memory, no barrier), then issues the loads of its partials all at
+ * once (a -inf partial's load is pointed at a valid one and selected away, as in v1), and
+ * the 8 warps' sums meet in shared memory. Two dependent L2 round trips (lse, partials)
+ * instead of v1's ~6 on T=1 N=16 P=32, and T x N x 4 blocks instead of T x N.
+ * Predicted: T=1 N=16 combine ~4.5 -> ~2 us. Not yet run on a GPU (2026-12-03). */
+#ifndef SMLA_MERGE_V3
+#define SMLA_MERGE_V3 0
+#endif
+#define MERGE3_WARPS 8
+#define MERGE3_COLS 128
+#define MERGE3_INFLIGHT 4 /* partial loads per lane in flight (P <= 32 in one round) */
+
+__global__ void __launch_bounds__(MERGE3_WARPS * 32) merge3_kernel(const smla_cuda_merge_args a) {
+  __shared__ float4 part_s[MERGE3_WARPS][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int chunks = (a.dv + MERGE3_COLS - 1) / MERGE3_COLS;
+  const int64_t row = blockIdx.x / chunks;
+  const int chunk = (int)(blockIdx.x % chunks);
+  const int64_t t = row / a.num_heads;
+  const int h = (int)(row % a.num_heads);
+  const float *lse_p = a.lse_p + t * a.lse_p_stride_t + h;
+  const float NEG_INF = -INFINITY;
+  const int P = a.num_partials;
+
+  /* lse of the row, in every warp (lanes over p). */
+  float mx = NEG_INF;
+  int nan = 0, valid = -1;
+  for (int p = lane; p < P; p += 32) {
+    const float l = lse_p[p * a.lse_p_stride_p];
+    mx = fmaxf(mx, l);
+    nan |= l != l;
+    if (l != NEG_INF && valid < 0) valid = p;
+  }
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  nan = __any_sync(0xffffffffu, nan);
+  valid = (int)__reduce_max_sync(0xffffffffu, (unsigned)(valid + 1)) - 1;
+  float lse = NEG_INF;
+  if (nan) {
+    lse = NAN;
+  } else if (mx != NEG_INF) {
+    float sum = 0.0f;
+    for (int p = lane; p < P; p += 32) {
+      const float l = lse_p[p * a.lse_p_stride_p]; /* L1 hit: read just above */
+      if (l != NEG_INF) sum += expf(l - mx);
+    }
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    lse = mx + logf(sum);
+  }
+
+  const int d0 = chunk * MERGE3_COLS + 4 * lane;
+  const bool live = d0 < a.dv;
+  const int64_t in_off = t * a.out_p_stride_t + (int64_t)h * a.out_p_stride_h + d0;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (lse != NEG_INF && live) {
+    for (int p0 = warp; p0 < P; p0 += MERGE3_WARPS * MERGE3_INFLIGHT) {
+      float w[MERGE3_INFLIGHT], v[MERGE3_INFLIGHT][4];
+#pragma unroll
+      for (int u = 0; u < MERGE3_INFLIGHT; u++) {
+        const int p = p0 + u * MERGE3_WARPS;
+        const float l = p < P ? lse_p[p * a.lse_p_stride_p] : NEG_INF;
+        w[u] = l == NEG_INF ? -1.0f : expf(l - lse); /* -1: contributes nothing */
+        load4(a.out_p, a.out_p_bf16, in_off + (int64_t)(w[u] < 0.0f ? valid : p) * a.out_p_stride_p,
+              1, v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < MERGE3_INFLIGHT; u++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[e] += w[u] < 0.0f ? 0.0f : w[u] * v[u][e];
+    }
+  }
+  part_s[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  __syncthreads();
+  if (warp == 0) {
+    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int w = 0; w < MERGE3_WARPS; w++) {
+      const float4 x = part_s[w][lane];
+      o[0] += x.x, o[1] += x.y, o[2] += x.z, o[3] += x.w;
+    }
+    const float factor = a.sink && lse != NEG_INF ? 1.0f / (1.0f + expf(a.sink[h] - lse)) : 1.0f;
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[e] *= factor;
+    if (live) store4(a.out, a.out_bf16, t * a.out_stride_t + (int64_t)h * a.out_stride_h + d0, 1, o);
+    if (chunk == 0) {
+      float m = NEG_INF;
+      if (a.max_p && a.max_logit)
+        for (int p = lane; p < P; p += 32)
+          m = fmax_nan(m, a.max_p[t * a.max_p_stride_t + h + p * a.max_p_stride_p]);
+      for (int off = 16; off; off >>= 1) m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, off));
+      if (lane == 0) {
+        if (a.lse) a.lse[t * a.lse_stride_t + h] = lse;
+        if (a.max_p && a.max_logit) a.max_logit[t * a.max_logit_stride_t + h] = m;
+      }
+    }
+  }
+}
+
 static int aligned4(const void *p, int64_t elem_bytes, int64_t s0, int64_t s1, int64_t s2) {
   const int64_t q = 4 * elem_bytes;
   return ((uintptr_t)p % (uintptr_t)q) == 0 && (s0 * elem_bytes) % q == 0 &&
@@ -190,7 +290,10 @@ extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stre
                   aligned4(a->out_p, a->out_p_bf16 ? 2 : 4, a->out_p_stride_p,
                            a->out_p_stride_t, a->out_p_stride_h) &&
                   aligned4(a->out, a->out_bf16 ? 2 : 4, 0, a->out_stride_t, a->out_stride_h);
-  if (vec)
+  const int64_t blocks3 = blocks * ((a->dv + MERGE3_COLS - 1) / MERGE3_COLS);
+  if (SMLA_MERGE_V3 && vec && blocks3 <= 0x7fffffff)
+    merge3_kernel<<<(unsigned)blocks3, MERGE3_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
+  else if (vec)
     merge_kernel<1><<<(unsigned)blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
   else
     merge_kernel<0><<<(unsigned)blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
