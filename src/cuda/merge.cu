@@ -183,7 +183,8 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const smla_cuda_me
  * once (a -inf partial's load is pointed at a valid one and selected away, as in v1), and
  * the 8 warps' sums meet in shared memory. Two dependent L2 round trips (lse, partials)
  * instead of v1's ~6 on T=1 N=16 P=32, and T x N x 4 blocks instead of T x N.
- * Predicted: T=1 N=16 combine ~4.5 -> ~2 us. Not yet run on a GPU (2026-12-03). */
+ * Used for P >= 8 only. Predicted: T=1 N=16 combine ~4.5 -> ~2 us. Not yet run on a GPU
+ * (2026-12-03). */
 #ifndef SMLA_MERGE_V3
 #define SMLA_MERGE_V3 0
 #endif
@@ -228,20 +229,33 @@ __global__ void __launch_bounds__(MERGE3_WARPS * 32) merge3_kernel(const smla_cu
     lse = mx + logf(sum);
   }
 
+  /* max_logit's inputs now, so that their round trip overlaps the partials'. */
+  float m = NEG_INF;
+  const bool want_max = chunk == 0 && warp == 0 && a.max_p && a.max_logit;
+  if (want_max)
+    for (int p = lane; p < P; p += 32)
+      m = fmax_nan(m, a.max_p[t * a.max_p_stride_t + h + p * a.max_p_stride_p]);
+
   const int d0 = chunk * MERGE3_COLS + 4 * lane;
   const bool live = d0 < a.dv;
   const int64_t in_off = t * a.out_p_stride_t + (int64_t)h * a.out_p_stride_h + d0;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (lse != NEG_INF && live) {
     for (int p0 = warp; p0 < P; p0 += MERGE3_WARPS * MERGE3_INFLIGHT) {
-      float w[MERGE3_INFLIGHT], v[MERGE3_INFLIGHT][4];
+      float l[MERGE3_INFLIGHT], w[MERGE3_INFLIGHT], v[MERGE3_INFLIGHT][4];
 #pragma unroll
-      for (int u = 0; u < MERGE3_INFLIGHT; u++) {
+      for (int u = 0; u < MERGE3_INFLIGHT; u++) { /* the weights' inputs first (L1 hits) */
         const int p = p0 + u * MERGE3_WARPS;
-        const float l = p < P ? lse_p[p * a.lse_p_stride_p] : NEG_INF;
-        w[u] = l == NEG_INF ? -1.0f : expf(l - lse); /* -1: contributes nothing */
-        load4(a.out_p, a.out_p_bf16, in_off + (int64_t)(w[u] < 0.0f ? valid : p) * a.out_p_stride_p,
-              1, v[u]);
+        l[u] = p < P ? lse_p[p * a.lse_p_stride_p] : NEG_INF;
+      }
+#pragma unroll
+      for (int u = 0; u < MERGE3_INFLIGHT; u++) { /* then every load of the round at once */
+        const int p = p0 + u * MERGE3_WARPS;
+        w[u] = l[u] == NEG_INF ? -1.0f : expf(l[u] - lse); /* -1: contributes nothing */
+        v[u][0] = v[u][1] = v[u][2] = v[u][3] = 0.0f;
+        if (p < P) /* a -inf partial's load goes to a valid one, its value selected away */
+          load4(a.out_p, a.out_p_bf16,
+                in_off + (int64_t)(w[u] < 0.0f ? valid : p) * a.out_p_stride_p, 1, v[u]);
       }
 #pragma unroll
       for (int u = 0; u < MERGE3_INFLIGHT; u++)
@@ -263,14 +277,10 @@ __global__ void __launch_bounds__(MERGE3_WARPS * 32) merge3_kernel(const smla_cu
     for (int e = 0; e < 4; e++) o[e] *= factor;
     if (live) store4(a.out, a.out_bf16, t * a.out_stride_t + (int64_t)h * a.out_stride_h + d0, 1, o);
     if (chunk == 0) {
-      float m = NEG_INF;
-      if (a.max_p && a.max_logit)
-        for (int p = lane; p < P; p += 32)
-          m = fmax_nan(m, a.max_p[t * a.max_p_stride_t + h + p * a.max_p_stride_p]);
       for (int off = 16; off; off >>= 1) m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, off));
       if (lane == 0) {
         if (a.lse) a.lse[t * a.lse_stride_t + h] = lse;
-        if (a.max_p && a.max_logit) a.max_logit[t * a.max_logit_stride_t + h] = m;
+        if (want_max) a.max_logit[t * a.max_logit_stride_t + h] = m;
       }
     }
   }
@@ -291,7 +301,9 @@ extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stre
                            a->out_p_stride_t, a->out_p_stride_h) &&
                   aligned4(a->out, a->out_bf16 ? 2 : 4, 0, a->out_stride_t, a->out_stride_h);
   const int64_t blocks3 = blocks * ((a->dv + MERGE3_COLS - 1) / MERGE3_COLS);
-  if (SMLA_MERGE_V3 && vec && blocks3 <= 0x7fffffff)
+  /* v3 where v1 has too few blocks to hide its dependent rounds: many partials per row
+   * (a review's estimate: at P = 4 and thousands of rows v1 is already bandwidth-bound). */
+  if (SMLA_MERGE_V3 && vec && a->num_partials >= 8 && blocks3 <= 0x7fffffff)
     merge3_kernel<<<(unsigned)blocks3, MERGE3_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
   else if (vec)
     merge_kernel<1><<<(unsigned)blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
