@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything a change needs on the GPU machine in one call, logs in one tarball:
 #   SMLA_GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/device_full.sh [extra bench args]
+#   STEPS="test bench" ... runs only those of: test checks overhead bench dcp mergeab (the
+#   build always runs; default: all)
 # 1. make all; build/test_smla (CPU + GPU cases);
 # 2. compute-sanitizer (memcheck, racecheck, initcheck, synccheck, in parallel) over the
 #    test driver, while the Python GPU checks run (python/run_gpu_checks.sh: pytest, the
@@ -22,6 +24,8 @@ L=$(mktemp -d)
 trap 'tar czf "$O/logs.tgz" -C "$L" . 2>/dev/null' EXIT
 export SMLA_GIT_COMMIT=${SMLA_GIT_COMMIT:-unknown} PYTHONUNBUFFERED=1
 fail=0
+STEPS=${STEPS:-test checks overhead bench dcp mergeab}
+has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 { nvidia-smi -L; nvcc --version | tail -1; echo "commit $SMLA_GIT_COMMIT"; } >"$L/env.txt" 2>&1
@@ -35,51 +39,60 @@ if ! make -j16 all >"$L/build.log" 2>&1; then
   tail -30 "$L/build.log"; exit 1
 fi
 stamp "build ok"
-timeout 200 build/test_smla >"$L/test.log" 2>&1 || fail=1
-stamp "test_smla: $(tail -1 "$L/test.log")"
-grep -E "^FAIL" "$L/test.log" | head -20
+if has test; then
+  timeout 200 build/test_smla >"$L/test.log" 2>&1 || fail=1
+  stamp "test_smla: $(tail -1 "$L/test.log")"
+  grep -E "^FAIL" "$L/test.log" | head -20
+fi
 
-mkdir -p "$L/san" "$L/py"
-(SANITIZER_PARALLEL=1 SANITIZER_LOG_DIR="$L/san" timeout 300 scripts/sanitize_gpu.sh \
-   build/test_smla >"$L/sanitize.log" 2>&1; echo "rc $?" >>"$L/sanitize.log") &
-san=$!
-PYTHON=${PYTHON:-python3} timeout 300 bash python/run_gpu_checks.sh "$L/py" >"$L/pyrun.log" 2>&1 || fail=1
-wait $san
-grep -q "all tools clean" "$L/sanitize.log" || fail=1
-stamp "sanitize: $(grep -E 'sanitize_gpu: ' "$L/sanitize.log" | tr '\n' ';')"
-stamp "python: $(tr '\n' ';' <"$L/py/summary.txt")"
-
-for n in 16 128; do
-  timeout 60 ${PYTHON:-python3} python/bench_overhead.py --heads "$n" --json "$L/overhead_n$n.json" \
-    >"$L/overhead_n$n.log" 2>&1
-  stamp "$(grep -E '^binding overhead' "$L/overhead_n$n.log") N=$n"
-done
-timeout 90 build/smla bench --preset decode "$@" --json "$L/decode.json" >"$L/bench_decode.txt" 2>&1
-timeout 120 build/smla bench --preset prefill "$@" --json "$L/prefill.json" >"$L/bench_prefill.txt" 2>&1
-timeout 60 build/smla bench --preset decode --format fp8_ds -N 16,128 -T 1,16,64 >"$L/bench_fp8ds.txt" 2>&1
-stamp "benches done"
+if has checks; then
+  mkdir -p "$L/san" "$L/py"
+  (SANITIZER_PARALLEL=1 SANITIZER_LOG_DIR="$L/san" timeout 300 scripts/sanitize_gpu.sh \
+     build/test_smla >"$L/sanitize.log" 2>&1; echo "rc $?" >>"$L/sanitize.log") &
+  san=$!
+  PYTHON=${PYTHON:-python3} timeout 300 bash python/run_gpu_checks.sh "$L/py" >"$L/pyrun.log" 2>&1 || fail=1
+  wait $san
+  grep -q "all tools clean" "$L/sanitize.log" || fail=1
+  stamp "sanitize: $(grep -E 'sanitize_gpu: ' "$L/sanitize.log" | tr '\n' ';')"
+  stamp "python: $(tr '\n' ';' <"$L/py/summary.txt")"
+fi
+if has overhead; then
+  for n in 16 128; do
+    timeout 60 ${PYTHON:-python3} python/bench_overhead.py --heads "$n" --json "$L/overhead_n$n.json" \
+      >"$L/overhead_n$n.log" 2>&1
+    stamp "$(grep -E '^binding overhead' "$L/overhead_n$n.log") N=$n"
+  done
+fi
+if has bench || has mergeab; then
+  timeout 90 build/smla bench --preset decode "$@" --json "$L/decode.json" >"$L/bench_decode.txt" 2>&1
+fi
+if has bench; then
+  timeout 120 build/smla bench --preset prefill "$@" --json "$L/prefill.json" >"$L/bench_prefill.txt" 2>&1
+  timeout 60 build/smla bench --preset decode --format fp8_ds -N 16,128 -T 1,16,64 >"$L/bench_fp8ds.txt" 2>&1
+  stamp "benches done"
+  grep -E "^ceilings|^commit" "$L/bench_decode.txt"
+  grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" "$L/bench_prefill.txt" | cut -c1-90
+fi
 # Decode context parallelism: one rank per GPU over NCCL, then 4 ranks simulated on GPU 0
 # with the merge benchmark (docs/dcp.md).
-if [ -x build/dcp_nccl ]; then
+if has dcp && [ -x build/dcp_nccl ]; then
   timeout 120 build/dcp_nccl --bench >"$L/dcp_nccl.txt" 2>&1 || fail=1
   timeout 120 build/dcp_nccl --simulate --ranks 4 --interleave 16 --bench >"$L/dcp_sim.txt" 2>&1 || fail=1
   stamp "dcp_nccl: $(tail -1 "$L/dcp_nccl.txt"); simulated: $(tail -1 "$L/dcp_sim.txt")"
-else
-  stamp "dcp_nccl: not built (no NCCL found)"
+elif has dcp; then
+  stamp "dcp_nccl: not built (no NCCL found)"; fail=1
 fi
 # A/B of the experimental combine (src/cuda/merge.cu, SMLA_MERGE_V3): its own build, the
-# whole test driver (the combine runs in every split forward), the decode shapes.
-if make -j16 all BUILD=build-v3 NVCC_EXTRA=-DSMLA_MERGE_V3=1 >"$L/build_v3.log" 2>&1; then
-  timeout 200 build-v3/test_smla >"$L/test_v3.log" 2>&1
-  stamp "merge v3: test_smla $(tail -1 "$L/test_v3.log")"
-  timeout 90 build-v3/smla bench --preset decode "$@" >"$L/bench_decode_v3.txt" 2>&1
-  echo "decode, combine v1 | v3 (median us):"
-  paste <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" | awk '{printf "T=%-3s N=%-4s %8s\n", $1, $2, $3}') \
-        <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode_v3.txt" | awk '{print $3}')
-else
-  stamp "merge v3: build failed (build_v3.log)"
+# whole test driver (the combine runs in every split forward), then the decode shapes.
+if has mergeab; then
+  if make -j16 all BUILD=build-v3 NVCC_EXTRA=-DSMLA_MERGE_V3=1 >"$L/build_v3.log" 2>&1 &&
+     timeout 200 build-v3/test_smla >"$L/test_v3.log" 2>&1; then
+    timeout 90 build-v3/smla bench --preset decode "$@" >"$L/bench_decode_v3.txt" 2>&1
+    echo "decode, combine v1 | v3 (median us):"
+    paste <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" | awk '{printf "T=%-3s N=%-4s %8s\n", $1, $2, $3}') \
+          <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode_v3.txt" | awk '{print $3}')
+  else
+    stamp "merge v3: build or tests FAILED ($(tail -1 "$L/test_v3.log" 2>/dev/null))"; fail=1
+  fi
 fi
-grep -E "^ceilings|^commit" "$L/bench_decode.txt"
-grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" | cut -c1-80
-grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_prefill.txt" | cut -c1-80
 exit $fail

@@ -675,14 +675,21 @@ else:
     _pool_ok = False
 
 
+def _pool_applies(dev, stream):
+    """Whether this call's small outputs may come from the pool (see above); checked once
+    per call."""
+    return _pool_ok and dev >= 0 and stream is None and _inference() and \
+        _cur_device() == dev and not _capturing_now()
+
+
 def _pooled(like, shape, dtype, elem, dev, st):
     """An uninitialized [shape] tensor of `dtype` on like's CUDA device for the current
-    stream `st`, from the pool; None when the pool does not apply (the caller allocates)."""
+    stream `st`, from the pool (the caller checked _pool_applies); None when it is too
+    big or empty (the caller allocates)."""
     n = elem
     for d in shape:
         n *= d
-    if n > _POOL_MAX_BYTES or not n or not _inference() or _cur_device() != dev or \
-            _capturing_now():
+    if n > _POOL_MAX_BYTES or not n:
         return None
     key = (dev, st, shape, dtype)
     views = _pools.get(key)
@@ -775,7 +782,7 @@ def _forward_torch_fast(q, q_pe, cache, slots, sm_scale, lengths, softcap, sink,
     elif plan.device != dev:
         return None
     st = (_raw_stream(dev) if stream is None else _stream(stream, dev)) if dev >= 0 else None
-    pool = _pool_ok and dev >= 0 and stream is None
+    pool = (out is None or (want_lse and lse is None)) and _pool_applies(dev, stream)
     if out is None:
         out = _pooled(q, (T, N, DC), _bf16, 2, dev, st) if pool else None
         if out is None:
