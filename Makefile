@@ -71,10 +71,12 @@ ifneq ($(NVCC),)
 ifneq ($(NCCL),0)
   NCCL_HOME ?= $(firstword $(foreach d,$(CUDA_HOME) /usr/local /usr,$(if $(wildcard $(d)/include/nccl.h),$(d))))
   ifneq ($(NCCL_HOME),)
+    # The library beside the header first (a wheel ships only libnccl.so.2), the system's last,
+    # so that header and library are of one NCCL.
     NCCL_LIB := $(firstword $(wildcard $(NCCL_HOME)/lib64/libnccl.so $(NCCL_HOME)/lib/libnccl.so \
-                  $(NCCL_HOME)/lib/x86_64-linux-gnu/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so \
+                  $(NCCL_HOME)/lib/x86_64-linux-gnu/libnccl.so \
                   $(NCCL_HOME)/lib64/libnccl.so.2 $(NCCL_HOME)/lib/libnccl.so.2 \
-                  /usr/lib/x86_64-linux-gnu/libnccl.so.2))
+                  /usr/lib/x86_64-linux-gnu/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so.2))
     ifneq ($(NCCL_LIB),)
       DCP := $(BUILD)/dcp_nccl
     endif
@@ -137,7 +139,7 @@ $(EXAMPLE): examples/decode_step.c $(STATIC)
 	$(CC) $(WARN) $(CFLAGS) -Iinclude examples/decode_step.c -o $@ $(PROG_LDLIBS)
 
 $(DCP): examples/dcp_nccl.c $(STATIC)
-	$(CC) $(WARN) $(CFLAGS) -Iinclude -I$(NCCL_HOME)/include examples/dcp_nccl.c -o $@ \
+	$(CC) $(WARN) $(CFLAGS) -Iinclude -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include examples/dcp_nccl.c -o $@ \
 	  $(PROG_LDLIBS) $(NCCL_LIB) -Wl,-rpath,$(dir $(NCCL_LIB))
 
 test: test-c test-python
