@@ -40,7 +40,7 @@ ifneq ($(NVCC),)
   NVCC_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
                   -gencode arch=compute_80,code=compute_80
   NVCC_FLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC,-Wall -Werror all-warnings -lineinfo
-  # Kernel experiments switched on at build time, e.g. NVCC_EXTRA=-DSMLA_MERGE_V3=1 (use
+  # Kernel experiments switched on at build time, e.g. NVCC_EXTRA=-DSMLA_FWD90_V2=1 (use
   # another BUILD= folder to keep both builds).
   NVCC_EXTRA ?=
 endif

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything a change needs on the GPU machine in one call, logs in one tarball:
 #   SMLA_GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/device_full.sh [extra bench args]
-#   STEPS="test bench" ... runs only those of: test checks overhead bench dcp mergeab (the
+#   STEPS="test bench" ... runs only those of: test checks overhead bench dcp ab profile (the
 #   build always runs; default: all)
 # 1. make all; build/test_smla (CPU + GPU cases);
 # 2. compute-sanitizer (memcheck, racecheck, initcheck, synccheck, in parallel) over the
@@ -24,7 +24,7 @@ L=$(mktemp -d)
 trap 'tar czf "$O/logs.tgz" -C "$L" . 2>/dev/null' EXIT
 export SMLA_GIT_COMMIT=${SMLA_GIT_COMMIT:-unknown} PYTHONUNBUFFERED=1
 fail=0
-STEPS=${STEPS:-test checks overhead bench dcp mergeab}
+STEPS=${STEPS:-test checks overhead bench dcp ab profile}
 has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
@@ -66,7 +66,7 @@ if has overhead; then
     stamp "$(grep -E '^binding overhead' "$L/overhead_n$n.log") N=$n"
   done
 fi
-if has bench || has mergeab; then
+if has bench || has ab; then
   timeout 90 build/smla bench --preset decode "$@" --json "$L/decode.json" >"$L/bench_decode.txt" 2>&1
 fi
 if has bench; then
@@ -85,17 +85,34 @@ if has dcp && [ -x build/dcp_nccl ]; then
 elif has dcp; then
   stamp "dcp_nccl: not built (no NCCL found)"; fail=1
 fi
-# A/B of the experimental combine (src/cuda/merge.cu, SMLA_MERGE_V3): its own build, the
-# whole test driver (the combine runs in every split forward), then the decode shapes.
-if has mergeab; then
-  if make -j16 all BUILD=build-v3 NVCC_EXTRA=-DSMLA_MERGE_V3=1 >"$L/build_v3.log" 2>&1 &&
-     timeout 200 build-v3/test_smla >"$L/test_v3.log" 2>&1; then
-    timeout 90 build-v3/smla bench --preset decode "$@" >"$L/bench_decode_v3.txt" 2>&1
-    echo "decode, combine v1 | v3 (median us):"
+# A/B of a kernel experiment switched on at build time (AB_FLAGS="-DSMLA_FWD90_V2=1"): its
+# own build, the whole test driver (a failure fails the run), then the decode shapes side
+# by side with the default build's.
+if has ab && [ -n "${AB_FLAGS:-}" ]; then
+  if make -j16 all BUILD=build-ab NVCC_EXTRA="$AB_FLAGS" >"$L/build_ab.log" 2>&1 &&
+     timeout 200 build-ab/test_smla >"$L/test_ab.log" 2>&1; then
+    stamp "A/B build ($AB_FLAGS): $(tail -1 "$L/test_ab.log")"
+    timeout 90 build-ab/smla bench --preset decode "$@" >"$L/bench_decode_ab.txt" 2>&1
+    echo "decode median us: default | $AB_FLAGS"
     paste <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" | awk '{printf "T=%-3s N=%-4s %8s\n", $1, $2, $3}') \
-          <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode_v3.txt" | awk '{print $3}')
+          <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode_ab.txt" | awk '{print $3}')
   else
-    stamp "merge v3: build or tests FAILED ($(tail -1 "$L/test_v3.log" 2>/dev/null))"; fail=1
+    stamp "A/B ($AB_FLAGS): build or tests FAILED ($(tail -1 "$L/test_ab.log" 2>/dev/null))"; fail=1
   fi
+fi
+# Profile of the Hopper forward at T=16 N=128 (one launch, eager) with Nsight Compute, for
+# each build present, and the same shape over an L2-resident pool (16384 slots, 19 MB):
+# how much of the time is the gathers'.
+if has profile; then
+  for b in build build-ab; do
+    [ -x $b/smla ] || continue
+    timeout 150 ncu --kernel-name regex:fwd90 --launch-skip 5 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section MemoryWorkloadAnalysis --section Occupancy \
+      $b/smla bench -N 128 -T 16 --reps 3 --no-graph >"$L/ncu_$b.txt" 2>&1
+    timeout 60 $b/smla bench -N 128 -T 1,16,64 --slots 16384 >"$L/bench_l2pool_$b.txt" 2>&1
+    stamp "profile $b: $(grep -E 'Duration|Compute \(SM\) Throughput|Memory Throughput' "$L/ncu_$b.txt" | tr -s ' ' | tr '\n' ';')"
+    grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_l2pool_$b.txt" | cut -c1-40
+  done
 fi
 exit $fail

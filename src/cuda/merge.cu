@@ -2,7 +2,8 @@
  * merge.cu: exact log-sum-exp merge of P partial states (SPEC §4), also the forward's
  * split-KV combine (with max_p -> max_logit and the sink factor 1 / (1 + exp(sink - lse))).
  *
- * Merged rows: one block of 128 threads per (t, h) (see merge_kernel).
+ * Merged rows: one block of 128 threads per (t, h) (merge_kernel), or for few rows with
+ * many partials one block per (t, h, 128 columns) (merge3_kernel, chosen in smla_cuda_merge).
  * Bytes: P * dv * 4 read + dv * 2 written per (t, h). The forward picks many splits only
  * when T * N is small (T=1 N=16 P=32: 1 MB of partials, L2-resident, ~2 us).
  */
@@ -176,18 +177,20 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const smla_cuda_me
   }
 }
 
-/* ---- v3 (experiment, SMLA_MERGE_V3=1 at build time; default off until measured) ------
+/* ---- v3: few rows, many partials ----------------------------------------------------
  * One block of 8 warps per (t, h, 128-column chunk): lane l owns columns 128 c + 4 l, warp
  * w the partials p = w, w + 8, ... Each warp reduces the P lse values itself (lanes over
  * p, shuffles: no shared memory, no barrier), then issues the loads of its partials all at
  * once (a -inf partial's load is pointed at a valid one and selected away, as in v1), and
  * the 8 warps' sums meet in shared memory. Two dependent L2 round trips (lse, partials)
- * instead of v1's ~6 on T=1 N=16 P=32, and T x N x 4 blocks instead of T x N.
- * Used for P >= 8 only. Predicted: T=1 N=16 combine ~4.5 -> ~2 us. Not yet run on a GPU
- * (2026-12-03). */
-#ifndef SMLA_MERGE_V3
-#define SMLA_MERGE_V3 0
-#endif
+ * instead of v1's ~6 on T=1 N=16 P=32, but T x N x 4 blocks of 256 threads instead of
+ * T x N of 128: past one wave of blocks the rounds repeat per wave and v1 wins.
+ * Measured on the H200 (2026-12-03, decode preset, v1 -> v3 whole forward): T x N = 16..128
+ * rows faster (T=1 N=16 13.53 -> 10.43 us, T=1 N=128 18.45 -> 16.79, T=8 N=16 16.00 ->
+ * 15.60), 256 rows slower (T=2 N=128 21.95 -> 22.57, T=16 N=16 21.10 -> 23.33), 512 and
+ * 1024 much slower (T=4 N=128 23.13 -> 29.36, T=8 N=128 30.06 -> 44.42). Hence v3 for
+ * P >= 8 and T x N <= MERGE3_MAX_ROWS only. */
+#define MERGE3_MAX_ROWS 128
 #define MERGE3_WARPS 8
 #define MERGE3_COLS 128
 #define MERGE3_INFLIGHT 4 /* partial loads per lane in flight (P <= 32 in one round) */
@@ -301,9 +304,8 @@ extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stre
                            a->out_p_stride_t, a->out_p_stride_h) &&
                   aligned4(a->out, a->out_bf16 ? 2 : 4, 0, a->out_stride_t, a->out_stride_h);
   const int64_t blocks3 = blocks * ((a->dv + MERGE3_COLS - 1) / MERGE3_COLS);
-  /* v3 where v1 has too few blocks to hide its dependent rounds: many partials per row
-   * (a review's estimate: at P = 4 and thousands of rows v1 is already bandwidth-bound). */
-  if (SMLA_MERGE_V3 && vec && a->num_partials >= 8 && blocks3 <= 0x7fffffff)
+  /* v3 where v1 has too few blocks to hide its dependent rounds (see merge3_kernel). */
+  if (vec && a->num_partials >= 8 && blocks <= MERGE3_MAX_ROWS)
     merge3_kernel<<<(unsigned)blocks3, MERGE3_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
   else if (vec)
     merge_kernel<1><<<(unsigned)blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);

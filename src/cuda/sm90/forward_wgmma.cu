@@ -29,6 +29,14 @@
 
 #include <limits.h>
 
+/* v2 (experiment, NVCC_EXTRA=-DSMLA_FWD90_V2=1; default off until measured): per tile one
+ * barrier fewer (the one ending tile j is the one starting tile j+1) and the gathers of
+ * tile j+1 issued right after S(j)'s wgmmas instead of before them. Predicted: ~0.5 us of
+ * the 3.7 us per tile, T=16 N=128 45.7 -> ~42 us. */
+#ifndef SMLA_FWD90_V2
+#define SMLA_FWD90_V2 0
+#endif
+
 #define W_THREADS 256
 #define W_HEADS 64
 #define W_KB_BYTES 8192 /* one [64 rows][128 B] block of 64 bf16 columns */
@@ -130,10 +138,16 @@ __global__ void __launch_bounds__(W_THREADS, 1)
 
     for (int j = 0; j < ntiles; j++) {
       const uint32_t kvb = kv_s + (uint32_t)(j & 1) * TILE;
+#if !SMLA_FWD90_V2
       if (j + 1 < ntiles) W_ISSUE_TILE(j + 1, kv_s + (uint32_t)((j + 1) & 1) * TILE);
       cp_async_commit();
       cp_async_wait<1>(); /* tile j (and Q) landed for this thread */
+#else
+      cp_async_wait<0>(); /* tile j (and Q) landed for this thread: the only group out */
+#endif
       fence_proxy_async(); /* ...and is visible to wgmma's reads */
+      /* v2: this barrier also ends tile j-1 (every thread waited for its PV(j-1) before
+       * it), so tile j+1 may then be gathered into the stage PV(j-1) read. */
       __syncthreads();
 
       /* ---- S = Q K^T: all 64 heads x this warpgroup's 32 entries ---- */
@@ -151,6 +165,11 @@ __global__ void __launch_bounds__(W_THREADS, 1)
           wgmma_m64n32k16_ss(s, da, db);
         }
       wg_commit();
+#if SMLA_FWD90_V2
+      /* The gathers of tile j+1 are issued while the tensor cores work on S(j). */
+      if (j + 1 < ntiles) W_ISSUE_TILE(j + 1, kv_s + (uint32_t)((j + 1) & 1) * TILE);
+      cp_async_commit();
+#endif
       wg_wait<0>();
 #pragma unroll
       for (int i = 0; i < 16; i++) wg_pin(s[i]);
@@ -230,7 +249,9 @@ __global__ void __launch_bounds__(W_THREADS, 1)
       for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
+#if !SMLA_FWD90_V2
       __syncthreads(); /* the KV stage, P, red are rewritten next tile */
+#endif
     }
 #undef W_ISSUE_TILE
     cp_async_wait<0>();
