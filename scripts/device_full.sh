@@ -109,6 +109,7 @@ if has profile; then
     timeout 150 ncu --kernel-name regex:fwd90 --launch-skip 5 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
       --section MemoryWorkloadAnalysis --section Occupancy \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
       $b/smla bench -N 128 -T 16 --reps 3 --no-graph >"$L/ncu_$b.txt" 2>&1
     timeout 60 $b/smla bench -N 128 -T 1,16,64 --slots 16384 >"$L/bench_l2pool_$b.txt" 2>&1
     stamp "profile $b: $(grep -E 'Duration|Compute \(SM\) Throughput|Memory Throughput' "$L/ncu_$b.txt" | tr -s ' ' | tr '\n' ';')"

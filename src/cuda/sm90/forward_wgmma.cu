@@ -23,18 +23,20 @@
  * Gathers: cp.async 16-byte copies as in the generic kernel (4 threads per row), two
  * stages deep; a masked entry's row is zero-filled without reading the cache and its
  * logits are -inf, so NaN in unused rows cannot leak in.
+ * Per tile j (v2): wait for tile j, barrier (which also ends tile j-1), S(j) issued, tile
+ * j+1's gathers issued under it, softmax (one barrier for the row max), P written,
+ * barrier, PV(j) waited for: three barriers per tile.
  */
 #include "../forward_common.cuh"
 #include "wgmma.cuh"
 
 #include <limits.h>
 
-/* v2 (experiment, NVCC_EXTRA=-DSMLA_FWD90_V2=1; default off until measured): per tile one
- * barrier fewer (the one ending tile j is the one starting tile j+1) and the gathers of
- * tile j+1 issued right after S(j)'s wgmmas instead of before them. Predicted: ~0.5 us of
- * the 3.7 us per tile, T=16 N=128 45.7 -> ~42 us. */
-#ifndef SMLA_FWD90_V2
-#define SMLA_FWD90_V2 0
+/* Experiment (NVCC_EXTRA=-DSMLA_FWD90_LAZY=1, off until measured): skip the O rescale of
+ * a warp whose rows' maxima did not change this tile (128 multiplies per thread per tile).
+ * Predicted: a few percent at most (the kernel is stall-bound, 35% issue utilization). */
+#ifndef SMLA_FWD90_LAZY
+#define SMLA_FWD90_LAZY 0
 #endif
 
 #define W_THREADS 256
@@ -138,16 +140,11 @@ __global__ void __launch_bounds__(W_THREADS, 1)
 
     for (int j = 0; j < ntiles; j++) {
       const uint32_t kvb = kv_s + (uint32_t)(j & 1) * TILE;
-#if !SMLA_FWD90_V2
-      if (j + 1 < ntiles) W_ISSUE_TILE(j + 1, kv_s + (uint32_t)((j + 1) & 1) * TILE);
-      cp_async_commit();
-      cp_async_wait<1>(); /* tile j (and Q) landed for this thread */
-#else
       cp_async_wait<0>(); /* tile j (and Q) landed for this thread: the only group out */
-#endif
       fence_proxy_async(); /* ...and is visible to wgmma's reads */
-      /* v2: this barrier also ends tile j-1 (every thread waited for its PV(j-1) before
-       * it), so tile j+1 may then be gathered into the stage PV(j-1) read. */
+      /* This barrier also ends tile j-1: every thread waited for its PV(j-1) before it, so
+       * from here tile j+1 may be gathered into the stage PV(j-1) read, and P and red
+       * rewritten. */
       __syncthreads();
 
       /* ---- S = Q K^T: all 64 heads x this warpgroup's 32 entries ---- */
@@ -165,11 +162,9 @@ __global__ void __launch_bounds__(W_THREADS, 1)
           wgmma_m64n32k16_ss(s, da, db);
         }
       wg_commit();
-#if SMLA_FWD90_V2
       /* The gathers of tile j+1 are issued while the tensor cores work on S(j). */
       if (j + 1 < ntiles) W_ISSUE_TILE(j + 1, kv_s + (uint32_t)((j + 1) & 1) * TILE);
       cp_async_commit();
-#endif
       wg_wait<0>();
 #pragma unroll
       for (int i = 0; i < 16; i++) wg_pin(s[i]);
@@ -219,6 +214,11 @@ __global__ void __launch_bounds__(W_THREADS, 1)
         }
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
+#if SMLA_FWD90_LAZY
+      /* Once the running maxima settle, alpha is exactly 1 for every row of the warp:
+       * skipping the multiply by 1 changes no bit. */
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+#endif
 #pragma unroll
       for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -249,9 +249,6 @@ __global__ void __launch_bounds__(W_THREADS, 1)
       for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
-#if !SMLA_FWD90_V2
-      __syncthreads(); /* the KV stage, P, red are rewritten next tile */
-#endif
     }
 #undef W_ISSUE_TILE
     cp_async_wait<0>();
