@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything a change needs on the GPU machine in one call, logs in one tarball:
 #   SMLA_GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/device_full.sh [extra bench args]
-#   STEPS="test bench" ... runs only those of: test checks overhead bench dcp ab profile (the
-#   build always runs; default: all)
+#   STEPS="test bench" ... runs only those of: test checks overhead bench dcp ab absan profile
+#   (the build always runs; default: all but absan, the A/B build under the sanitizer)
 # 1. make all; build/test_smla (CPU + GPU cases);
 # 2. compute-sanitizer (memcheck, racecheck, initcheck, synccheck, in parallel) over the
 #    test driver, while the Python GPU checks run (python/run_gpu_checks.sh: pytest, the
@@ -91,6 +91,7 @@ fi
 if has ab && [ -n "${AB_FLAGS:-}" ]; then
   if make -j16 all BUILD=build-ab NVCC_EXTRA="$AB_FLAGS" >"$L/build_ab.log" 2>&1 &&
      timeout 200 build-ab/test_smla >"$L/test_ab.log" 2>&1; then
+    ab_ok=1
     stamp "A/B build ($AB_FLAGS): $(tail -1 "$L/test_ab.log")"
     timeout 90 build-ab/smla bench --preset decode "$@" >"$L/bench_decode_ab.txt" 2>&1
     echo "decode median us: default | $AB_FLAGS"
@@ -99,6 +100,15 @@ if has ab && [ -n "${AB_FLAGS:-}" ]; then
   else
     stamp "A/B ($AB_FLAGS): build or tests FAILED ($(tail -1 "$L/test_ab.log" 2>/dev/null))"; fail=1
   fi
+fi
+# The A/B build under compute-sanitizer too (memcheck, racecheck, initcheck, synccheck), so
+# that an experiment can be adopted from one call (only when its tests passed).
+if has absan && [ "${ab_ok:-0}" = 1 ]; then
+  mkdir -p "$L/san_ab"
+  SANITIZER_PARALLEL=1 SANITIZER_LOG_DIR="$L/san_ab" timeout 300 scripts/sanitize_gpu.sh \
+    build-ab/test_smla >"$L/sanitize_ab.log" 2>&1
+  grep -q "all tools clean" "$L/sanitize_ab.log" || fail=1
+  stamp "sanitize A/B: $(grep -E 'sanitize_gpu: ' "$L/sanitize_ab.log" | tr '\n' ';')"
 fi
 # Profile of the Hopper forward at T=16 N=128 (one launch, eager) with Nsight Compute, for
 # each build present, and the same shape over an L2-resident pool (16384 slots, 19 MB):

@@ -32,19 +32,26 @@
 
 #include <limits.h>
 
-/* Experiment (NVCC_EXTRA=-DSMLA_FWD90_LAZY=1, off until measured): skip the O rescale of
- * a warp whose rows' maxima did not change this tile (128 multiplies per thread per tile).
- * Predicted: a few percent at most (the kernel is stall-bound, 35% issue utilization). */
-#ifndef SMLA_FWD90_LAZY
-#define SMLA_FWD90_LAZY 0
+/* Experiment (NVCC_EXTRA=-DSMLA_FWD90_WS=1, off until measured): a third warpgroup
+ * gathers the KV tiles (and Q) with 56 registers a thread (setmaxnreg; the compute
+ * warpgroups get 224: 56 + 2 x 224 = 3 x 168, the launch's count) and signals them
+ * through mbarriers (full[stage]: its 128 threads' arrivals and their cp.async;
+ * empty[stage]: the 8 compute warps after PV), so that the
+ * two compute warpgroups issue no cp.async, load no slot and sync through named barriers
+ * of 256 threads only. Predicted (ncu at T=16 N=128: 35% issue utilization; stalls:
+ * wait 0.98, long scoreboard 0.81, barrier 0.69, lg throttle 0.32 per issue): ~15-20%
+ * per tile, T=16 N=128 44.9 -> ~38 us. */
+#ifndef SMLA_FWD90_WS
+#define SMLA_FWD90_WS 0
 #endif
 
-#define W_THREADS 256
+#define W_THREADS 256 /* the two compute warpgroups */
+#define W_BLOCK (W_THREADS + (SMLA_FWD90_WS ? 128 : 0))
 #define W_HEADS 64
 #define W_KB_BYTES 8192 /* one [64 rows][128 B] block of 64 bf16 columns */
 
 struct w_layout {
-  uint32_t q, kv, p, red, rowmax, mask, total;
+  uint32_t q, kv, p, red, rowmax, mask, bar, total;
 };
 
 __host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
@@ -56,7 +63,8 @@ __host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
   l.red = l.p + W_KB_BYTES;      /* [2][64] float */
   l.rowmax = l.red + 2u * 64u * 4u; /* [64] float */
   l.mask = l.rowmax + 64u * 4u;  /* [4][64] uint8 */
-  l.total = l.mask + 4u * 64u;
+  l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2] (SMLA_FWD90_WS) */
+  l.total = l.bar + 4u * 8u;
   return l;
 }
 
@@ -67,11 +75,13 @@ __device__ __forceinline__ uint32_t w_chunk(int r, int c) {
 }
 
 template <int DR>
-__global__ void __launch_bounds__(W_THREADS, 1)
+__global__ void __launch_bounds__(W_BLOCK, 1)
     fwd90_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
   constexpr int BN = FWD_BN;
   constexpr int DQK = 512 + DR;
+#if !SMLA_FWD90_WS
   constexpr int QCH = DQK / 8;  /* 16-byte chunks per bf16 row */
+#endif
   constexpr int KB = DQK / 64;  /* 8 KB column blocks per row stack */
   constexpr uint32_t TILE = KB * W_KB_BYTES;
   const float NEG_INF = -INFINITY;
@@ -90,7 +100,9 @@ __global__ void __launch_bounds__(W_THREADS, 1)
   const int wg = tid >> 7, wq = (tid >> 5) & 3; /* warpgroup; warp within it */
   const int g = lane >> 2, tig = lane & 3;
   const int r0 = 16 * wq + g; /* this thread's rows: r0 and r0 + 8 */
+#if !SMLA_FWD90_WS
   const int lr = tid >> 2, lp = tid & 3; /* loader: row of the tile, quarter of the row */
+#endif
 
   const fwd_block blk = fwd_block_of(a);
   const int64_t t = blk.t;
@@ -98,6 +110,67 @@ __global__ void __launch_bounds__(W_THREADS, 1)
   const int ntiles = blk.ntiles, h0 = grp * W_HEADS;
   const int32_t *slot_row = blk.slot_row;
 
+  unsigned bad = 0; /* entries >= S or < -1 this thread counted */
+  const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
+#if SMLA_FWD90_WS
+  /* Everything of the compute warps (O included) lives inside their branch: code after
+   * the join runs at the gather warpgroup's register count. */
+  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u;
+  if (tid == 0) {
+    mbar_init(full_b, 128), mbar_init(full_b + 8u, 128); /* the gather threads */
+    mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);   /* the compute warps */
+  }
+  __syncthreads();
+  if (tid >= W_THREADS) {
+    /* The gather warpgroup. Warp pw gathers rows 16 pw..16 pw + 15 of each tile (and
+     * of Q), per instruction 4 rows x 8 chunks (128 contiguous bytes of each row, one
+     * swizzled 128-byte line of shared memory); lane l < 16 owns the slot of row
+     * 16 pw + l (its mask byte, its bad count) and hands it out by shuffle. */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    if (ntiles > 0) {
+      const int pw = (tid - W_THREADS) >> 5, cl = lane & 7, rl = lane >> 3;
+      const int my_row = 16 * pw + (lane & 15);
+#pragma unroll 1
+      for (int rg = 0; rg < 4; rg++) {
+        const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
+#pragma unroll 1
+        for (int cb = 0; cb < KB; cb++)
+          cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, t, head, 8 * cb + cl),
+                      head < a.num_heads ? 16 : 0);
+      }
+      int32_t sn = slot_at(slot_row, ks, kend, 0, my_row);
+#pragma unroll 1
+      for (int j = 0; j < ntiles; j++) {
+        const uint32_t st = (uint32_t)(j & 1);
+        if (j >= 2) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
+        const int32_t sc = sn;
+        if (j + 1 < ntiles) sn = slot_at(slot_row, ks, kend, j + 1, my_row);
+        unsigned nb = 0;
+        const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
+        bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
+        if (lane < 16) mask_s[(j & 3) * BN + my_row] = (uint8_t)u_mine;
+        const uint32_t base = kv_s + st * TILE;
+#pragma unroll 1
+        for (int rg = 0; rg < 4; rg++) {
+          const int rr = 4 * rg + rl, row = 16 * pw + rr;
+          const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
+          const int u = __shfl_sync(0xffffffffu, u_mine, rr);
+          const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
+#pragma unroll
+          for (int cb = 0; cb < KB; cb++)
+            cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
+        }
+        mbar_arrive_cp_async(full_b + 8u * st); /* the phase waits for these copies */
+        mbar_arrive(full_b + 8u * st);          /* ...and releases the mask bytes */
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+#define W_SYNC() named_bar_sync(1, W_THREADS)
+#else
+#define W_SYNC() __syncthreads()
+  {
+#endif
   /* O: [2 halves of 128 columns][16 n8 blocks x 4]; column of O[h][4j + e] is
    * 256 wg + 128 h + 8 j + 2 tig + (e & 1), row r0 + 8 (e >> 1). */
   float O[2][64];
@@ -106,10 +179,9 @@ __global__ void __launch_bounds__(W_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < 64; i++) O[h][i] = 0.0f;
   float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};
-  unsigned bad = 0;
 
   if (ntiles > 0) {
-    const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
+#if !SMLA_FWD90_WS
     /* Q rows (heads h0..h0+63), zero past N. Joins the first cp.async group. */
     for (int idx = tid; idx < W_HEADS * QCH; idx += W_THREADS) {
       const int row = idx / QCH, c = idx - row * QCH, head = h0 + row;
@@ -137,15 +209,21 @@ __global__ void __launch_bounds__(W_THREADS, 1)
 
     W_ISSUE_TILE(0, kv_s);
     cp_async_commit();
+#endif
 
     for (int j = 0; j < ntiles; j++) {
       const uint32_t kvb = kv_s + (uint32_t)(j & 1) * TILE;
+#if SMLA_FWD90_WS
+      mbar_wait(full_b + 8u * (uint32_t)(j & 1), (uint32_t)((j >> 1) & 1)); /* tile j (and Q) */
+      fence_proxy_async(); /* the gather warp's copies, seen here, visible to wgmma */
+#else
       cp_async_wait<0>(); /* tile j (and Q) landed for this thread: the only group out */
       fence_proxy_async(); /* ...and is visible to wgmma's reads */
       /* This barrier also ends tile j-1: every thread waited for its PV(j-1) before it, so
        * from here tile j+1 may be gathered into the stage PV(j-1) read, and P and red
        * rewritten. */
       __syncthreads();
+#endif
 
       /* ---- S = Q K^T: all 64 heads x this warpgroup's 32 entries ---- */
       float s[16];
@@ -162,9 +240,11 @@ __global__ void __launch_bounds__(W_THREADS, 1)
           wgmma_m64n32k16_ss(s, da, db);
         }
       wg_commit();
+#if !SMLA_FWD90_WS
       /* The gathers of tile j+1 are issued while the tensor cores work on S(j). */
       if (j + 1 < ntiles) W_ISSUE_TILE(j + 1, kv_s + (uint32_t)((j + 1) & 1) * TILE);
       cp_async_commit();
+#endif
       wg_wait<0>();
 #pragma unroll
       for (int i = 0; i < 16; i++) wg_pin(s[i]);
@@ -189,7 +269,7 @@ __global__ void __launch_bounds__(W_THREADS, 1)
         tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
         if (tig == 0) red[wg * 64 + r0 + 8 * hh] = tmax[hh];
       }
-      __syncthreads();
+      W_SYNC();
       float mls[2], alpha[2], lsum[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) {
@@ -214,17 +294,12 @@ __global__ void __launch_bounds__(W_THREADS, 1)
         }
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
-#if SMLA_FWD90_LAZY
-      /* Once the running maxima settle, alpha is exactly 1 for every row of the warp:
-       * skipping the multiply by 1 changes no bit. */
-      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
-#endif
 #pragma unroll
       for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int i = 0; i < 64; i++) O[h][i] *= alpha[(i >> 1) & 1];
       fence_proxy_async(); /* P visible to wgmma */
-      __syncthreads();
+      W_SYNC();
 
       /* ---- O += P V: all 64 heads x this warpgroup's 256 output columns ---- */
 #pragma unroll
@@ -249,9 +324,14 @@ __global__ void __launch_bounds__(W_THREADS, 1)
       for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
+#if SMLA_FWD90_WS
+      if (lane == 0) mbar_arrive(empty_b + 8u * (uint32_t)(j & 1)); /* the stage is free */
+#endif
     }
+#if !SMLA_FWD90_WS
 #undef W_ISSUE_TILE
     cp_async_wait<0>();
+#endif
 
     /* Row sums: quad, then across the two warpgroups. */
 #pragma unroll
@@ -270,7 +350,7 @@ __global__ void __launch_bounds__(W_THREADS, 1)
     for (int i = tid; i < 128; i += W_THREADS) red[i] = 0.0f;
     for (int i = tid; i < 64; i += W_THREADS) rowmax_s[i] = NEG_INF;
   }
-  __syncthreads();
+  W_SYNC();
 
   /* ---- epilogue: final (num_splits == 1) or partial state ---- */
 #pragma unroll
@@ -290,6 +370,8 @@ __global__ void __launch_bounds__(W_THREADS, 1)
         if (r.part) *(float2 *)(r.part + col) = make_float2(v0, v1);
       }
   }
+  } /* compute warps */
+#undef W_SYNC
 
   fwd_count_bad(a, grp, bad);
 }
@@ -312,8 +394,8 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   const uint32_t smem = smla_cuda_fwd90_smem_bytes(dr);
   if (dr == 64)
-    fwd90_kernel<64><<<(unsigned)blocks, W_THREADS, smem, (cudaStream_t)stream>>>(*a);
+    fwd90_kernel<64><<<(unsigned)blocks, W_BLOCK, smem, (cudaStream_t)stream>>>(*a);
   else
-    fwd90_kernel<0><<<(unsigned)blocks, W_THREADS, smem, (cudaStream_t)stream>>>(*a);
+    fwd90_kernel<0><<<(unsigned)blocks, W_BLOCK, smem, (cudaStream_t)stream>>>(*a);
   return cudaGetLastError();
 }

@@ -74,4 +74,38 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss_tb(float d[64], uint64_t da,
       : "l"(da), "l"(db), "n"(1));
 }
 
+
+/* ---- mbarriers (shared::cta), for the warp-specialized forward ---------------------------- */
+
+/* mbarrier.init.shared::cta.b64 [bar], count */
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+/* mbarrier.arrive.shared::cta.b64 (release at CTA scope): one of the phase's arrivals. */
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+/* cp.async.mbarrier.arrive.shared::cta.b64: the phase also waits for every cp.async this
+ * thread issued before (the pending count is raised now and lowered when they land, so it
+ * adds no arrival of its own to the barrier's count). */
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+/* Spins on mbarrier.try_wait.parity (acquire at CTA scope) until the phase of that
+ * parity has completed. */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+
+/* bar.sync id, n: a named barrier of n threads (a multiple of 32). */
+__device__ __forceinline__ void named_bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
 #endif /* SMLA_CUDA_SM90_WGMMA_CUH */
