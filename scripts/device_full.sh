@@ -94,6 +94,8 @@ if has ab && [ -n "${AB_FLAGS:-}" ]; then
     ab_ok=1
     stamp "A/B build ($AB_FLAGS): $(tail -1 "$L/test_ab.log")"
     timeout 90 build-ab/smla bench --preset decode "$@" >"$L/bench_decode_ab.txt" 2>&1
+    timeout 60 build-ab/smla bench -N 128 -T 1024,4096 "$@" >"$L/bench_prefill_ab.txt" 2>&1
+    echo "prefill N=128, A/B build:"; grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_prefill_ab.txt" | cut -c1-90
     echo "decode median us: default | $AB_FLAGS"
     paste <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" | awk '{printf "T=%-3s N=%-4s %8s\n", $1, $2, $3}') \
           <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode_ab.txt" | awk '{print $3}')
