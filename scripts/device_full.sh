@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything a change needs on the GPU machine in one call, logs in one tarball:
 #   SMLA_GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/device_full.sh [extra bench args]
-#   STEPS="test bench" ... runs only those of: test checks overhead bench dcp ab absan profile
-#   (the build always runs; default: all but absan, the A/B build under the sanitizer)
+#   STEPS="test bench" ... runs only those of: test checks overhead bench dcp ab absan sweep
+#   profile (the build always runs; default: all but absan, the A/B build under the
+#   sanitizer, and sweep, the split counts of T = 16, 32 at N = 128)
 # 1. make all; build/test_smla (CPU + GPU cases);
 # 2. compute-sanitizer (memcheck, racecheck, initcheck, synccheck, in parallel) over the
 #    test driver, while the Python GPU checks run (python/run_gpu_checks.sh: pytest, the
@@ -111,6 +112,17 @@ if has absan && [ "${ab_ok:-0}" = 1 ]; then
     build-ab/test_smla >"$L/sanitize_ab.log" 2>&1
   grep -q "all tools clean" "$L/sanitize_ab.log" || fail=1
   stamp "sanitize A/B: $(grep -E 'sanitize_gpu: ' "$L/sanitize_ab.log" | tr '\n' ';')"
+fi
+# The KV split count of T = 16 and 32, N = 128, forced from 1 to 8, in each build present
+# (the plan's pick is the row without --splits in the decode tables).
+if has sweep; then
+  for b in build build-ab; do
+    [ -x $b/smla ] || continue
+    for sp in 1 2 3 4 6 8; do
+      timeout 30 $b/smla bench -N 128 -T 16,32 --splits $sp >"$L/bench_splits${sp}_$b.txt" 2>&1
+      echo "$b splits=$sp: $(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_splits${sp}_$b.txt" | awk '{printf "T=%s %s us  ", $1, $3}')"
+    done
+  done
 fi
 # Profile of the Hopper forward at T=16 N=128 (one launch, eager) with Nsight Compute, for
 # each build present, and the same shape over an L2-resident pool (16384 slots, 19 MB):

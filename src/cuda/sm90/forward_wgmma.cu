@@ -35,8 +35,9 @@
 /* Experiment (NVCC_EXTRA=-DSMLA_FWD90_WS=1, off until measured): a third warpgroup
  * gathers the KV tiles (and Q) with 56 registers a thread (setmaxnreg; the compute
  * warpgroups get 224: 56 + 2 x 224 = 3 x 168, the launch's count) and signals them
- * through mbarriers (full[stage]: its 128 threads' arrivals and their cp.async;
- * empty[stage]: the 8 compute warps after PV), so that the
+ * through mbarriers (full[stage]: one cp.async-tracked arrival of each of its 128
+ * threads, the entries' mask words copied like the rows; empty[stage]: the 8 compute
+ * warps after PV), so that the
  * two compute warpgroups issue no cp.async, load no slot and sync through named barriers
  * of 256 threads only. Predicted (ncu at T=16 N=128: 35% issue utilization; stalls:
  * wait 0.98, long scoreboard 0.81, barrier 0.69, lg throttle 0.32 per issue): ~15-20%
@@ -46,6 +47,12 @@
 #endif
 
 #define W_THREADS 256 /* the two compute warpgroups */
+
+#if SMLA_FWD90_WS
+/* The source of the gather warpgroup's 4-byte mask copies for a used entry (never
+ * written; an unused entry's word is a zero fill). */
+__device__ uint32_t w_used_word = 1u;
+#endif
 #define W_BLOCK (W_THREADS + (SMLA_FWD90_WS ? 128 : 0))
 #define W_HEADS 64
 #define W_KB_BYTES 8192 /* one [64 rows][128 B] block of 64 bf16 columns */
@@ -62,8 +69,8 @@ __host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
   l.p = l.kv + 2u * tile;
   l.red = l.p + W_KB_BYTES;      /* [2][64] float */
   l.rowmax = l.red + 2u * 64u * 4u; /* [64] float */
-  l.mask = l.rowmax + 64u * 4u;  /* [4][64] uint8 */
-  l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2] (SMLA_FWD90_WS) */
+  l.mask = l.rowmax + 64u * 4u;  /* [4][64] uint8, or (SMLA_FWD90_WS) [2][64] uint32 */
+  l.bar = l.mask + 512u;         /* mbarriers full[2], empty[2] (SMLA_FWD90_WS) */
   l.total = l.bar + 4u * 8u;
   return l;
 }
@@ -148,7 +155,11 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         unsigned nb = 0;
         const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
         bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
-        if (lane < 16) mask_s[(j & 3) * BN + my_row] = (uint8_t)u_mine;
+        /* The mask word travels like the rows (a copy of w_used_word or a zero fill), so
+         * the consumers read nothing the full barrier's cp.async tracking does not cover. */
+        if (lane < 16)
+          cp_async_4(sbase + L.mask + 4u * (st * BN + (uint32_t)my_row), &w_used_word,
+                     u_mine ? 4u : 0u);
         const uint32_t base = kv_s + st * TILE;
 #pragma unroll 1
         for (int rg = 0; rg < 4; rg++) {
@@ -160,8 +171,8 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
           for (int cb = 0; cb < KB; cb++)
             cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
         }
-        mbar_arrive_cp_async(full_b + 8u * st); /* the phase waits for these copies */
-        mbar_arrive(full_b + 8u * st);          /* ...and releases the mask bytes */
+        mbar_arrive_cp_async_noinc(full_b + 8u * st); /* this thread's arrival, once its
+                                                         copies have landed */
       }
     }
   } else {
@@ -250,7 +261,11 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       for (int i = 0; i < 16; i++) wg_pin(s[i]);
 
       /* ---- online softmax: scale, softcap, mask; row max across both warpgroups ---- */
+#if SMLA_FWD90_WS
+      const uint32_t *mk = (const uint32_t *)mask_s + (j & 1) * BN;
+#else
       const uint8_t *mk = mask_s + (j & 3) * BN;
+#endif
       float tmax[2] = {NEG_INF, NEG_INF};
 #pragma unroll
       for (int nb = 0; nb < 4; nb++)

@@ -87,11 +87,10 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
-/* cp.async.mbarrier.arrive.shared::cta.b64: the phase also waits for every cp.async this
- * thread issued before (the pending count is raised now and lowered when they land, so it
- * adds no arrival of its own to the barrier's count). */
-__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+/* cp.async.mbarrier.arrive.noinc.shared::cta.b64: one of the phase's arrivals, made when
+ * every cp.async this thread issued before has landed (the barrier's count includes it). */
+__device__ __forceinline__ void mbar_arrive_cp_async_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
 /* Spins on mbarrier.try_wait.parity (acquire at CTA scope) until the phase of that
