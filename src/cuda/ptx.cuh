@@ -20,14 +20,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, uint3
                : "memory");
 }
 
-/* cp.async.ca.shared.global [dst], [src], 4, src_bytes: copies src_bytes (0 or 4) and
- * zero-fills the rest of the 4 bytes. */
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void *src, uint32_t src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-
 /* cp.async.commit_group */
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -36,23 +36,18 @@
  * gathers the KV tiles (and Q) with 56 registers a thread (setmaxnreg; the compute
  * warpgroups get 224: 56 + 2 x 224 = 3 x 168, the launch's count) and signals them
  * through mbarriers (full[stage]: one cp.async-tracked arrival of each of its 128
- * threads, the entries' mask words copied like the rows; empty[stage]: the 8 compute
- * warps after PV), so that the
- * two compute warpgroups issue no cp.async, load no slot and sync through named barriers
- * of 256 threads only. Predicted (ncu at T=16 N=128: 35% issue utilization; stalls:
- * wait 0.98, long scoreboard 0.81, barrier 0.69, lg throttle 0.32 per issue): ~15-20%
- * per tile, T=16 N=128 44.9 -> ~38 us. */
+ * threads; empty[stage]: the 8 compute warps after PV), so that the two compute
+ * warpgroups issue no cp.async and sync through named barriers of 256 threads only (each
+ * compute thread masks its own 8 logits a tile from slots it loads a tile ahead).
+ * Predicted (ncu at T=16 N=128: 35% issue utilization; stalls: wait 0.98, long
+ * scoreboard 0.81, barrier 0.69, lg throttle 0.32 per issue): ~15-20% per tile,
+ * T=16 N=128 44.9 -> ~38 us. */
 #ifndef SMLA_FWD90_WS
 #define SMLA_FWD90_WS 0
 #endif
 
 #define W_THREADS 256 /* the two compute warpgroups */
 
-#if SMLA_FWD90_WS
-/* The source of the gather warpgroup's 4-byte mask copies for a used entry (never
- * written; an unused entry's word is a zero fill). */
-__device__ uint32_t w_used_word = 1u;
-#endif
 #define W_BLOCK (W_THREADS + (SMLA_FWD90_WS ? 128 : 0))
 #define W_HEADS 64
 #define W_KB_BYTES 8192 /* one [64 rows][128 B] block of 64 bf16 columns */
@@ -69,8 +64,8 @@ __host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
   l.p = l.kv + 2u * tile;
   l.red = l.p + W_KB_BYTES;      /* [2][64] float */
   l.rowmax = l.red + 2u * 64u * 4u; /* [64] float */
-  l.mask = l.rowmax + 64u * 4u;  /* [4][64] uint8, or (SMLA_FWD90_WS) [2][64] uint32 */
-  l.bar = l.mask + 512u;         /* mbarriers full[2], empty[2] (SMLA_FWD90_WS) */
+  l.mask = l.rowmax + 64u * 4u;  /* [4][64] uint8 (not with SMLA_FWD90_WS) */
+  l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2] (SMLA_FWD90_WS) */
   l.total = l.bar + 4u * 8u;
   return l;
 }
@@ -101,7 +96,9 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   const w_layout L = w_layout_of(DR);
   float *red = (float *)(smem + L.red);
   float *rowmax_s = (float *)(smem + L.rowmax);
+#if !SMLA_FWD90_WS
   uint8_t *mask_s = smem + L.mask;
+#endif
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7, wq = (tid >> 5) & 3; /* warpgroup; warp within it */
@@ -155,11 +152,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         unsigned nb = 0;
         const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
         bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
-        /* The mask word travels like the rows (a copy of w_used_word or a zero fill), so
-         * the consumers read nothing the full barrier's cp.async tracking does not cover. */
-        if (lane < 16)
-          cp_async_4(sbase + L.mask + 4u * (st * BN + (uint32_t)my_row), &w_used_word,
-                     u_mine ? 4u : 0u);
         const uint32_t base = kv_s + st * TILE;
 #pragma unroll 1
         for (int rg = 0; rg < 4; rg++) {
@@ -222,6 +214,16 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     cp_async_commit();
 #endif
 
+#if SMLA_FWD90_WS
+    /* The slots of this thread's 8 entries of the tile (its S columns), loaded a tile
+     * ahead: each compute thread masks its own logits, so no flag passes from the gather
+     * warpgroup through shared memory (it counts the bad entries). */
+    int32_t cslot[8];
+#define W_LOAD_SLOTS(jj)                                                                   \
+  _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) cslot[q_] =                             \
+      slot_at(slot_row, ks, kend, (jj), wg * 32 + (q_ >> 1) * 8 + 2 * tig + (q_ & 1))
+    W_LOAD_SLOTS(0);
+#endif
     for (int j = 0; j < ntiles; j++) {
       const uint32_t kvb = kv_s + (uint32_t)(j & 1) * TILE;
 #if SMLA_FWD90_WS
@@ -262,19 +264,25 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 
       /* ---- online softmax: scale, softcap, mask; row max across both warpgroups ---- */
 #if SMLA_FWD90_WS
-      const uint32_t *mk = (const uint32_t *)mask_s + (j & 1) * BN;
+      /* Bit 2 nb + (e & 1): this thread's entry of column block nb is used. */
+      unsigned um = 0;
+#pragma unroll
+      for (int q = 0; q < 8; q++)
+        um |= (cslot[q] >= 0 && (int64_t)cslot[q] < a.num_slots ? 1u : 0u) << q;
+      if (j + 1 < ntiles) W_LOAD_SLOTS(j + 1);
+#define W_USED(nb, e) ((um >> (2 * (nb) + ((e) & 1))) & 1u)
 #else
       const uint8_t *mk = mask_s + (j & 3) * BN;
+#define W_USED(nb, e) mk[wg * 32 + (nb) * 8 + 2 * tig + ((e) & 1)] /* the S column */
 #endif
       float tmax[2] = {NEG_INF, NEG_INF};
 #pragma unroll
       for (int nb = 0; nb < 4; nb++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-          const int col = wg * 32 + nb * 8 + 2 * tig + (e & 1);
           float v = s[4 * nb + e] * a.logit_scale;
           if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
-          v = mk[col] ? v : NEG_INF;
+          v = W_USED(nb, e) ? v : NEG_INF;
           s[4 * nb + e] = v;
           tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
         }
@@ -343,10 +351,13 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       if (lane == 0) mbar_arrive(empty_b + 8u * (uint32_t)(j & 1)); /* the stage is free */
 #endif
     }
-#if !SMLA_FWD90_WS
+#if SMLA_FWD90_WS
+#undef W_LOAD_SLOTS
+#else
 #undef W_ISSUE_TILE
     cp_async_wait<0>();
 #endif
+#undef W_USED
 
     /* Row sums: quad, then across the two warpgroups. */
 #pragma unroll
