@@ -3,8 +3,8 @@
  * per block (SPEC §3), tensor cores through wgmma with both operands in shared memory.
  * Design, napkin math and measured versions: docs/design/cuda-sm90-forward.md.
  *
- * Work: one block of two warpgroups (256 threads) per (row t, group of 64 heads, KV
- * split), the same grid, split policy, partial-state format and combine as the generic
+ * Work: one block of two compute warpgroups (256 threads; v3 adds a gather warpgroup,
+ * 384 in all) per (row t, group of 64 heads, KV split), the same grid, split policy, partial-state format and combine as the generic
  * kernel (forward_impl.cuh), so the plan can pick either. Per tile of 64 gathered rows:
  *   S[64][64] = Q[64][dqk] K^T     warpgroup w: entries 32w..32w+31, dqk/16 wgmma
  *                                  m64n32k16 (A = Q, B = K rows, both K-major)
@@ -18,32 +18,36 @@
  * Shared memory (bytes from a 1024-aligned base; every operand in the 128-byte-swizzle
  * layout wgmma reads: a [kb][64 rows][128 B] stack of 8 KB blocks of 64 bf16 columns,
  * 16-byte chunk c of row r stored at chunk c ^ (r % 8)):
- *   Q 9 x 8 KB, KV 2 stages x 9 x 8 KB, P 8 KB, row max/sum exchange, tile masks.
- * dr = 64: 72 + 144 + 8 + 1 KB = 225 KB (+1 KB alignment slack) of the 227 KB opt-in.
- * Gathers: cp.async 16-byte copies as in the generic kernel (4 threads per row), two
- * stages deep; a masked entry's row is zero-filled without reading the cache and its
- * logits are -inf, so NaN in unused rows cannot leak in.
+ *   Q 9 x 8 KB, KV 2 stages x 9 x 8 KB, P 8 KB, row max/sum exchange, tile masks (v2),
+ *   mbarriers (v3). dr = 64: 72 + 144 + 8 + 1 KB = 225 KB (+1 KB alignment slack) of
+ *   the 227 KB opt-in.
+ * Gathers: cp.async 16-byte copies, two stages deep; a masked entry's row is zero-filled
+ * without reading the cache and its logits are -inf, so NaN in unused rows cannot leak in.
  * Per tile j (v2): wait for tile j, barrier (which also ends tile j-1), S(j) issued, tile
- * j+1's gathers issued under it, softmax (one barrier for the row max), P written,
- * barrier, PV(j) waited for: three barriers per tile.
+ * j+1's gathers issued under it (4 threads per row), softmax (one barrier for the row
+ * max), P written, barrier, PV(j) waited for: three barriers per tile.
+ * Per tile j (v3): the gather warpgroup waits for stage j % 2 to be free (empty), issues
+ * tile j (8 lanes per row, 4 rows per instruction) and arrives on full; the compute
+ * warpgroups wait on full, S(j), softmax (named barrier for the row max), P written,
+ * named barrier, PV(j), one arrival per warp on empty.
  */
 #include "../forward_common.cuh"
 #include "wgmma.cuh"
 
 #include <limits.h>
 
-/* Experiment (NVCC_EXTRA=-DSMLA_FWD90_WS=1, off until measured): a third warpgroup
- * gathers the KV tiles (and Q) with 56 registers a thread (setmaxnreg; the compute
- * warpgroups get 224: 56 + 2 x 224 = 3 x 168, the launch's count) and signals them
- * through mbarriers (full[stage]: one cp.async-tracked arrival of each of its 128
- * threads; empty[stage]: the 8 compute warps after PV), so that the two compute
- * warpgroups issue no cp.async and sync through named barriers of 256 threads only (each
- * compute thread masks its own 8 logits a tile from slots it loads a tile ahead).
- * Predicted (ncu at T=16 N=128: 35% issue utilization; stalls: wait 0.98, long
- * scoreboard 0.81, barrier 0.69, lg throttle 0.32 per issue): ~15-20% per tile,
- * T=16 N=128 44.9 -> ~38 us. */
+/* v3, warp-specialized (the default; NVCC_EXTRA=-DSMLA_FWD90_WS=0 builds v2, the loop
+ * where all 256 threads gather): a third warpgroup gathers the KV tiles (and Q) with 56
+ * registers a thread (setmaxnreg; the compute warpgroups get 224: 56 + 2 x 224 = 3 x 168,
+ * the launch's count) and signals them through mbarriers (full[stage]: one
+ * cp.async-tracked arrival of each of its 128 threads; empty[stage]: the 8 compute warps
+ * after PV), so that the two compute warpgroups issue no cp.async and sync through named
+ * barriers of 256 threads only (each compute thread masks its own 8 logits a tile from
+ * slots it loads a tile ahead). Predicted: ~15-20% per tile, T=16 N=128 44.9 -> ~38 us;
+ * measured 41.4 us, T=64 N=128 114 -> 100 us, T=1024 N=128 1725 -> 1517 us
+ * (docs/design/cuda-sm90-forward.md). */
 #ifndef SMLA_FWD90_WS
-#define SMLA_FWD90_WS 0
+#define SMLA_FWD90_WS 1
 #endif
 
 #define W_THREADS 256 /* the two compute warpgroups */
