@@ -107,11 +107,4 @@ __device__ __forceinline__ void named_bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
-/* bar.arrive id, n: this thread's arrival at named barrier id (n threads in all); does not
- * wait. Its prior shared-memory writes are visible to the threads that complete the
- * barrier with bar.sync. */
-__device__ __forceinline__ void named_bar_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
 #endif /* SMLA_CUDA_SM90_WGMMA_CUH */
