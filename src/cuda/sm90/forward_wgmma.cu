@@ -49,18 +49,19 @@
 #ifndef SMLA_FWD90_WS
 #define SMLA_FWD90_WS 1
 #endif
-/* 1 (default): the epilogue stages O in shared memory and stores whole rows (16-byte
- * stores, 512 contiguous bytes per warp instruction); 0: each thread stores its own
- * fragments (8 B or 4 B, 8 rows x 32 B per warp instruction), as before 2026-12-04. */
-#ifndef SMLA_FWD90_STAGED_EPI
-#define SMLA_FWD90_STAGED_EPI 1
-#endif
-#define W_OST_STRIDE 520 /* floats per staged O row */
+/* The epilogue stages O in shared memory and stores whole rows (measured against
+ * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
+#define W_OST_STRIDE 520
 #ifndef SMLA_FWD90_PROBE /* 1: printf phase times of a few blocks (a measurement build) */
 #define SMLA_FWD90_PROBE 0
 #endif
 #if SMLA_FWD90_PROBE
 #include <stdio.h>
+__device__ __forceinline__ uint64_t probe_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 #endif
 
 #define W_THREADS 256 /* the two compute warpgroups */
@@ -134,8 +135,8 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   unsigned bad = 0; /* entries >= S or < -1 this thread counted */
   const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
 #if SMLA_FWD90_PROBE
-  uint64_t pr0, pr1 = 0, pr2 = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pr0));
+  const uint64_t pr0 = probe_ns();
+  uint64_t pr1 = 0, pr2 = 0;
 #endif
 #if SMLA_FWD90_WS
   /* Everything of the compute warps (O included) lives inside their branch: code after
@@ -250,9 +251,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       const uint32_t kvb = kv_s + (uint32_t)(j & 1) * TILE;
 #if SMLA_FWD90_WS
       mbar_wait(full_b + 8u * (uint32_t)(j & 1), (uint32_t)((j >> 1) & 1)); /* tile j (and Q) */
-#if SMLA_FWD90_PROBE
-      if (j == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pr1));
-#endif
       fence_proxy_async(); /* the gather warp's copies, seen here, visible to wgmma */
 #else
       cp_async_wait<0>(); /* tile j (and Q) landed for this thread: the only group out */
@@ -261,6 +259,9 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
        * from here tile j+1 may be gathered into the stage PV(j-1) read, and P and red
        * rewritten. */
       __syncthreads();
+#endif
+#if SMLA_FWD90_PROBE
+      if (j == 0) pr1 = probe_ns();
 #endif
 
       /* ---- S = Q K^T: all 64 heads x this warpgroup's 32 entries ---- */
@@ -377,7 +378,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #endif
     }
 #if SMLA_FWD90_PROBE
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pr2));
+    pr2 = probe_ns();
 #endif
 #if SMLA_FWD90_WS
 #undef W_LOAD_SLOTS
@@ -407,7 +408,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   W_SYNC();
 
   /* ---- epilogue: final (num_splits == 1) or partial state ---- */
-#if SMLA_FWD90_STAGED_EPI
   /* O goes through shared memory (the KV stages are free: every tile was consumed and
    * both warpgroups passed the barrier above), then out in whole rows: each warp stores
    * 512 contiguous bytes per instruction instead of 8 rows x 32 B. Rows of 520 floats:
@@ -466,30 +466,10 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       }
     }
   }
-#else
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) {
-    const int row = r0 + 8 * hh, head = h0 + row;
-    if (head >= a.num_heads) continue;
-    const fwd_row_out r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row],
-                                           rowmax_s[row], wg == 0 && tig == 0);
-    const int col0 = 256 * wg + 2 * tig;
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-      for (int nb = 0; nb < 16; nb++) {
-        const int col = col0 + 128 * h + 8 * nb;
-        const float v0 = O[h][4 * nb + 2 * hh] * r.f, v1 = O[h][4 * nb + 2 * hh + 1] * r.f;
-        if (r.out) *(uint32_t *)(r.out + col) = pack_bf16x2(v0, v1);
-        if (r.part) *(float2 *)(r.part + col) = make_float2(v0, v1);
-      }
-  }
-#endif
 #if SMLA_FWD90_PROBE
   /* Phase times of a few blocks (ns): start to Q and tile 0 landed, the tile loop, the
    * epilogue's stores issued (a build-time probe, never in the library). */
-  uint64_t pr3;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pr3));
+  const uint64_t pr3 = probe_ns();
   if (tid == 0 && (blockIdx.x == 0 || blockIdx.x == 64 || blockIdx.x == gridDim.x - 1))
     printf("probe blk %u start %llu first %llu loop %llu epi %llu ntiles %d\n", blockIdx.x,
            (unsigned long long)(pr0 % 100000000ull), (unsigned long long)(pr1 - pr0),
@@ -500,7 +480,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 
   fwd_count_bad(a, grp, bad);
 }
-
 
 extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr) {
   return w_layout_of(dr).total + 1024u; /* + slack to align the base to 1024 */
