@@ -49,32 +49,9 @@
 #ifndef SMLA_FWD90_WS
 #define SMLA_FWD90_WS 1
 #endif
-/* v5 (NVCC_EXTRA=-DSMLA_FWD90_V5=1; measured slower than v3, kept in this commit only for
- * the record: docs/design/cuda-sm90-forward.md): compute warpgroup 0 computes
- * the whole S of a tile with m64n64k16 (Q read from shared memory once per tile instead
- * of twice: 144 KB of operand reads for S instead of 216 KB) and its whole softmax (no row
- * max exchange), and issues S(j+1) while PV(j) of both warpgroups runs. Predicted: T=16
- * N=128 40.9 -> ~32 us, T=64 97.7 -> ~60 us (docs/design/cuda-sm90-forward.md). */
-#ifndef SMLA_FWD90_V5
-#define SMLA_FWD90_V5 0
-#endif
-#if SMLA_FWD90_V5 && !SMLA_FWD90_WS
-#error "SMLA_FWD90_V5 needs the warp-specialized loop (SMLA_FWD90_WS=1)"
-#endif
-/* The sum of weights of row r: v5 keeps it whole in red[r]; v2/v3 split it in two. */
-#if SMLA_FWD90_V5
-#define W_ROW_L(r) (red[r])
-#else
-#define W_ROW_L(r) (red[r] + red[64 + (r)])
-#endif
 /* The epilogue stages O in shared memory and stores whole rows (measured against
  * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
 #define W_OST_STRIDE 520
-/* A measurement build, never in the library (results wrong on purpose): 1 = the KV
- * gathers read nothing (zero-filled rows), what is left is compute and synchronization. */
-#ifndef SMLA_FWD90_NOREAD
-#define SMLA_FWD90_NOREAD 0
-#endif
 #ifndef SMLA_FWD90_PROBE /* 1: printf phase times of a few blocks (a measurement build) */
 #define SMLA_FWD90_PROBE 0
 #endif
@@ -207,17 +184,12 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
           const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
 #pragma unroll
           for (int cb = 0; cb < KB; cb++)
-            cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl),
-                        u && !SMLA_FWD90_NOREAD ? 16u : 0u);
+            cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
         }
         mbar_arrive_cp_async_noinc(full_b + 8u * st); /* this thread's arrival, once its
                                                          copies have landed */
       }
     }
-    /* The gather warpgroup ends here: with no code joined after the two branches, ptxas
-     * allocates the compute branch at its setmaxnreg count (224), not the launch's 168. */
-    fwd_count_bad(a, grp, bad);
-    return;
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
 #define W_SYNC() named_bar_sync(1, W_THREADS)
@@ -235,168 +207,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};
 
   if (ntiles > 0) {
-#if SMLA_FWD90_V5
-    /* v5: warpgroup 0 computes the whole S of each tile (m64n64, Q read once) and its
-     * softmax, publishes P and the rescale factors; both warpgroups then run PV for their
-     * 256 columns. Warpgroup 0 issues S(j+1) under PV(j) of both. Named barrier 2 (P(j)
-     * published) and 3 (P(j) consumed) are met by all 256 compute threads. */
-    float *alpha_s = red + 64; /* [64]: tile j's rescale factor of each row */
-    if (wg == 0) {
-      /* PV(jj) of this warpgroup, columns 0..255, P(jj) and tile jj's stage. */
-#define W_PV_LEFT(jj)                                                                       \
-  do {                                                                                      \
-    const uint32_t kvp_ = kv_s + (uint32_t)((jj) & 1) * TILE;                               \
-    _Pragma("unroll") for (int h = 0; h < 2; h++) _Pragma("unroll") for (int i = 0; i < 64; \
-                                                                         i++) wg_pin(O[h][i]); \
-    wg_fence();                                                                             \
-    _Pragma("unroll") for (int k = 0; k < BN / 16; k++) _Pragma("unroll") for (int h = 0;   \
-                                                                               h < 2; h++) \
-        wgmma_m64n128k16_ss_tb(O[h], wg_desc(p_s + k * 32, 16, 1024),                       \
-                               wg_desc(kvp_ + (uint32_t)(2 * h * W_KB_BYTES + k * 16 * 128), \
-                                       W_KB_BYTES, 1024));                                  \
-    wg_commit();                                                                            \
-  } while (0)
-      /* Slots of entries lane and lane + 32 of the next tile: their validity bits, by
-       * ballot, mask this thread's logits (the gather warpgroup counts bad entries). */
-      int32_t sv0 = slot_at(slot_row, ks, kend, 0, lane), sv1 = slot_at(slot_row, ks, kend, 0, lane + 32);
-      unsigned ulo, uhi;
-      float s[32];
-      /* Tile jj's validity bits of this thread's columns (shifted by 2 tig), then the
-       * next tile's slots; the wait for tile jj; S(jj) issued. */
-#define W_S_ISSUE(jj)                                                                       \
-  do {                                                                                      \
-    ulo = __ballot_sync(0xffffffffu, sv0 >= 0 && (int64_t)sv0 < a.num_slots) >> (2 * tig);  \
-    uhi = __ballot_sync(0xffffffffu, sv1 >= 0 && (int64_t)sv1 < a.num_slots) >> (2 * tig);  \
-    if ((jj) + 1 < ntiles) {                                                                \
-      sv0 = slot_at(slot_row, ks, kend, (jj) + 1, lane);                                    \
-      sv1 = slot_at(slot_row, ks, kend, (jj) + 1, lane + 32);                               \
-    }                                                                                       \
-    mbar_wait(full_b + 8u * (uint32_t)((jj) & 1), (uint32_t)(((jj) >> 1) & 1));             \
-    fence_proxy_async();                                                                    \
-    const uint32_t kvs_ = kv_s + (uint32_t)((jj) & 1) * TILE;                               \
-    _Pragma("unroll") for (int i_ = 0; i_ < 32; i_++) s[i_] = 0.0f;                         \
-    wg_fence();                                                                             \
-    /* Descriptors as one base plus immediates, rebuilt each tile from opaque bases (if  \
-     * ptxas hoists all 2 x 36 of them out of the loop, the registers spill). */           \
-    const uint64_t qd_ = wg_desc(opaque_u32(q_s), 16, 1024);                                \
-    const uint64_t kd_ = wg_desc(opaque_u32(kvs_), 16, 1024);                               \
-    _Pragma("unroll") for (int kb_ = 0; kb_ < KB; kb_++) _Pragma("unroll") for (            \
-        int k4_ = 0; k4_ < 4; k4_++)                                                        \
-        wgmma_m64n64k16_ss(s, qd_ + (uint64_t)((kb_ * W_KB_BYTES + k4_ * 32) >> 4),         \
-                           kd_ + (uint64_t)((kb_ * W_KB_BYTES + k4_ * 32) >> 4));           \
-    wg_commit();                                                                            \
-  } while (0)
-      /* Tile jj's online softmax over the whole row (scale, softcap, mask) once S(jj) is
-       * in s; then (the wait for PV(jj-1), which frees its stage) O rescaled, P(jj) and
-       * alpha(jj) published to warpgroup 1. */
-#define W_SOFTMAX(jj)                                                                       \
-  do {                                                                                      \
-    _Pragma("unroll") for (int i_ = 0; i_ < 32; i_++) wg_pin(s[i_]);                        \
-    float tmax_[2] = {NEG_INF, NEG_INF};                                                    \
-    _Pragma("unroll") for (int nb = 0; nb < 8; nb++) _Pragma("unroll") for (int e = 0;      \
-                                                                            e < 4; e++) {   \
-      float v_ = s[4 * nb + e] * a.logit_scale;                                             \
-      if (a.softcap > 0.0f) v_ = a.softcap * tanhf(v_ / a.softcap);                         \
-      v_ = (((nb < 4 ? ulo : uhi) >> (8 * (nb & 3) + (e & 1))) & 1u) ? v_ : NEG_INF;        \
-      s[4 * nb + e] = v_;                                                                   \
-      tmax_[e >> 1] = fmax_nan(tmax_[e >> 1], v_); /* a NaN logit poisons the row */        \
-    }                                                                                       \
-    float mls_[2], alpha_[2], lsum_[2] = {0.0f, 0.0f};                                      \
-    _Pragma("unroll") for (int hh = 0; hh < 2; hh++) {                                      \
-      float mx_ = fmax_nan(tmax_[hh], __shfl_xor_sync(0xffffffffu, tmax_[hh], 1));         \
-      mx_ = fmax_nan(mx_, __shfl_xor_sync(0xffffffffu, mx_, 2));                            \
-      const float m_new_ = fmax_nan(m_run[hh], mx_); /* NaN: out, lse, max NaN */           \
-      const float m_use_ = m_new_ == NEG_INF ? 0.0f : m_new_; /* nothing used yet */        \
-      alpha_[hh] = ex2_approx((m_run[hh] - m_use_) * FWD_LOG2E);                            \
-      m_run[hh] = m_new_;                                                                   \
-      mls_[hh] = m_use_ * FWD_LOG2E;                                                        \
-    }                                                                                       \
-    if ((jj) > 0) named_bar_sync(3, W_THREADS); /* warpgroup 1 is done with P(jj-1) */      \
-    _Pragma("unroll") for (int nb = 0; nb < 8; nb++) _Pragma("unroll") for (int hh = 0;    \
-                                                                             hh < 2; hh++) { \
-      const float p0_ = ex2_approx(fmaf(s[4 * nb + 2 * hh], FWD_LOG2E, -mls_[hh]));         \
-      const float p1_ = ex2_approx(fmaf(s[4 * nb + 2 * hh + 1], FWD_LOG2E, -mls_[hh]));     \
-      lsum_[hh] += p0_ + p1_;                                                               \
-      const int row_ = r0 + 8 * hh, col_ = nb * 8 + 2 * tig;                                \
-      *(uint32_t *)(smem + L.p + w_chunk(row_, col_ >> 3) + (col_ & 7) * 2) =               \
-          pack_bf16x2(p0_, p1_);                                                            \
-    }                                                                                       \
-    _Pragma("unroll") for (int hh = 0; hh < 2; hh++) l_run[hh] =                            \
-        l_run[hh] * alpha_[hh] + lsum_[hh];                                                 \
-    wg_wait<0>(); /* PV(jj-1): O final for tile jj-1, its stage and P free */               \
-    if ((jj) > 0 && lane == 0) mbar_arrive(empty_b + 8u * (uint32_t)(((jj) - 1) & 1));      \
-    _Pragma("unroll") for (int h = 0; h < 2; h++) _Pragma("unroll") for (int i = 0; i < 64; \
-                                                                         i++) {             \
-      wg_pin(O[h][i]);                                                                      \
-      O[h][i] *= alpha_[(i >> 1) & 1];                                                      \
-    }                                                                                       \
-    if (tig == 0) alpha_s[r0] = alpha_[0], alpha_s[r0 + 8] = alpha_[1];                     \
-    fence_proxy_async(); /* P visible to wgmma */                                           \
-    named_bar_sync(2, W_THREADS); /* P(jj) and alpha(jj) published */                       \
-  } while (0)
-
-      /* Tile 0, then per tile j: S(j) issued ahead of PV(j-1), so that PV(j-1) (and
-       * warpgroup 1's) runs on the tensor cores under the softmax of tile j. Written out
-       * twice because a wgmma issued under a condition makes ptxas serialize them all. */
-      W_S_ISSUE(0);
-      wg_wait<0>();
-      W_SOFTMAX(0);
-#pragma unroll 1
-      for (int j = 1; j < ntiles; j++) {
-        W_S_ISSUE(j);
-        W_PV_LEFT(j - 1);
-        wg_wait<1>(); /* S(j), the older group */
-        W_SOFTMAX(j);
-      }
-#undef W_S_ISSUE
-#undef W_SOFTMAX
-      W_PV_LEFT(ntiles - 1); /* the last PV (its stage is never waited for: no arrival) */
-      wg_wait<0>();
-#undef W_PV_LEFT
-#pragma unroll
-      for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
-      /* Row sums over the quad: warpgroup 0 saw every column. */
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        float l = l_run[hh];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if (tig == 0) red[r0 + 8 * hh] = l, rowmax_s[r0 + 8 * hh] = m_run[hh];
-      }
-    } else {
-#pragma unroll 1
-      for (int j = 0; j < ntiles; j++) {
-        const uint32_t kvb = kv_s + (uint32_t)(j & 1) * TILE;
-        mbar_wait(full_b + 8u * (uint32_t)(j & 1), (uint32_t)((j >> 1) & 1)); /* tile j */
-        fence_proxy_async();
-        named_bar_sync(2, W_THREADS); /* P(j) and alpha(j) published */
-        const float al0 = alpha_s[r0], al1 = alpha_s[r0 + 8];
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-          for (int i = 0; i < 64; i++) O[h][i] *= ((i >> 1) & 1) ? al1 : al0;
-        /* ---- O += P V, columns 256..511 ---- */
-        wg_fence();
-#pragma unroll
-        for (int k = 0; k < BN / 16; k++)
-#pragma unroll
-          for (int h = 0; h < 2; h++)
-            wgmma_m64n128k16_ss_tb(O[h], wg_desc(p_s + k * 32, 16, 1024),
-                                   wg_desc(kvb + (uint32_t)((4 + 2 * h) * W_KB_BYTES + k * 16 * 128),
-                                           W_KB_BYTES, 1024));
-        wg_commit();
-        wg_wait<0>();
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-          for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
-        if (lane == 0) mbar_arrive(empty_b + 8u * (uint32_t)(j & 1)); /* the stage is free */
-        if (j + 1 < ntiles) named_bar_sync(3, W_THREADS); /* P(j) consumed */
-      }
-    }
-#else
 #if !SMLA_FWD90_WS
     /* Q rows (heads h0..h0+63), zero past N. Joins the first cp.async group. */
     for (int idx = tid; idx < W_HEADS * QCH; idx += W_THREADS) {
@@ -590,7 +400,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         if (wg == 0) rowmax_s[row] = m_run[hh];
       }
     }
-#endif /* SMLA_FWD90_V5 */
   } else {
     /* No used entry can exist in this split: every row gets l = 0, m = -inf. */
     for (int i = tid; i < 128; i += W_THREADS) red[i] = 0.0f;
@@ -614,7 +423,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       if (writer) dst_s[row] = NULL;
       continue;
     }
-    const fwd_row_out r = fwd_row_epilogue(a, t, split, head, W_ROW_L(row),
+    const fwd_row_out r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row],
                                            rowmax_s[row], writer);
     if (writer) dst_s[row] = r.out ? (void *)r.out : (void *)r.part;
     const int col0 = 256 * wg + 2 * tig;
