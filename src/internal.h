@@ -14,7 +14,7 @@
 #include <stdarg.h>
 
 #define SMLA_MSG_BYTES 512
-#define SMLA_DESCRIBE_BYTES 256
+#define SMLA_DESCRIBE_BYTES 384
 
 /* e4m3 (E4M3FN) largest finite value: the saturation bound of every fp8 writer. */
 #define SMLA_E4M3_MAX 448.0f
@@ -45,6 +45,8 @@ struct smla_plan {
   int num_splits;                 /* KV splits per row (>= 1) */
   int heads_per_block;            /* CUDA: heads per block; CPU: heads per work item */
   int kernel;                     /* backend-specific kernel id */
+  int merge_clusters[9];          /* CUDA sm90: clusters of s blocks resident at once, s
+                                     2..8 (0: s splits use the combine kernel) */
   int num_threads;                /* CPU: workers (fixed at plan creation) */
 };
 

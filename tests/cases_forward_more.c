@@ -273,6 +273,35 @@ static void c_wide_n100_softcap(t_case *tc) { wide(tc, 3, 100, 333, 64, 5.0f, 1,
 static void c_wide_n128_splits(t_case *tc) { wide(tc, 6, 128, 1500, 64, 0.0f, 1, 5); }
 static void c_wide_n48_k1(t_case *tc) { wide(tc, 3, 48, 1, 64, 0.0f, 0, 0); }
 
+/* The sm90 kernel's two merges: forced 2, 4 and 8 splits merge inside the kernel (one
+ * cluster per row and head group), 12 through the combine kernel; each against the CPU
+ * (and the portable kernel, fwd_run). A plan on an sm90 device must say that it merges
+ * in-kernel, so that a lost cluster path cannot pass as the combine kernel. */
+static void c_wide_n128_merges(t_case *tc) {
+  static const int splits[4] = {2, 4, 8, 12};
+  for (int i = 0; i < 4; i++) wide(tc, 4, 128, 1800, 64, 0.0f, 1, splits[i]);
+  for (int b = 0; b < g_num_backends; b++) {
+    smla_context *ctx = t_on(tc, b);
+    if (!ctx || b == T_CPU) continue;
+    smla_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.max_tokens = 4;
+    d.num_heads = 128;
+    d.topk = 1800;
+    d.dr = 64;
+    d.format = SMLA_CACHE_BF16;
+    d.num_splits = 4;
+    smla_plan *plan = NULL;
+    if (!t_expect_ok(tc, smla_plan_create(ctx, &d, NULL, 0, &plan), ctx, "smla_plan_create"))
+      continue;
+    const char *desc = smla_plan_describe(plan);
+    if (strncmp(desc, "cuda-sm90", 9) == 0)
+      t_expect(tc, strstr(desc, "in-kernel merge for") != NULL,
+               "sm90 plan without the in-kernel merge: %s", desc);
+    smla_plan_destroy(plan);
+  }
+}
+
 void t_register_forward_more_cases(void) {
   t_register("forward_num_splits_1_3_7", c_num_splits);
   t_register("forward_wide_n128_k2051", c_wide_n128);
@@ -280,6 +309,7 @@ void t_register_forward_more_cases(void) {
   t_register("forward_wide_n100_softcap_sink", c_wide_n100_softcap);
   t_register("forward_wide_n128_splits5", c_wide_n128_splits);
   t_register("forward_wide_n48_k1", c_wide_n48_k1);
+  t_register("forward_wide_n128_merges_2_4_8_12", c_wide_n128_merges);
   t_register("forward_caller_workspace", c_caller_workspace);
   t_register("forward_T_below_max_tokens", c_t_below_max);
   t_register("forward_batch_invariant", c_batch_invariant);

@@ -17,7 +17,7 @@
 
 #include "harness.h"
 
-#define FWD_DESCRIBE_BYTES 256
+#define FWD_DESCRIBE_BYTES 384
 
 typedef struct {
   /* shapes */

@@ -404,7 +404,7 @@ typedef struct bench_opts {
 typedef struct bench_row {
   int64_t tokens;
   int heads;
-  char path[256];
+  char path[384];
   int reps, graph, per_graph, sets;
   double median_us, min_us;
   double flops, bytes;         /* per forward */

@@ -288,6 +288,8 @@ static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 2.4, 0.0, 4.7}; /* by mtiles
 #define BLOCK_FIXED_US 2.0         /* Q load, first tile's latency, epilogue */
 #define COMBINE_FIXED_US 2.5       /* the combine kernel's launch and one L2 round trip */
 #define COMBINE_BYTES_PER_US 8.0e6 /* partials written once, read once, mostly in L2 */
+#define CLUSTER_MERGE_US 1.5       /* sm90 in-kernel merge: 2 cluster barriers, (S-1)/S of
+                                      O out to L2 and back in (napkin math; refit) */
 #define MAX_AUTO_SPLITS 64         /* beyond this the combine dominates */
 #define NO_SPLIT_WAVES 4           /* T * groups >= 4 waves of SMs: never split */
 
@@ -298,41 +300,66 @@ typedef struct fwd_choice {
   int groups;         /* head groups of 16 * mtiles heads */
   int ntiles;         /* ceil(K / 64) */
   int gather_bytes;   /* bytes gathered per cache row */
+  const int *merge_clusters; /* sm90: the plan's resident clusters by split count */
 } fwd_choice;
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Splits and entries per split for T rows, by the cost model. */
+/* Whether s splits can merge inside the sm90 kernel (clusters of s blocks fit). */
+static int can_merge(const fwd_choice *c, int s) {
+  return c->merge_clusters && s >= 2 && s <= 8 && c->merge_clusters[s] > 0;
+}
+
+/* Modelled microseconds of a forward of T rows in s splits of tps tiles, merged in the
+ * kernel (clusters) or by the combine kernel. */
+static double split_cost(const fwd_choice *c, const cuda_state *st, int num_heads, int64_t T,
+                         int s, int64_t tps, int merged) {
+  /* Blocks resident at once: every SM, or as many as the clusters of s fill. */
+  int64_t resident = st->sm_count;
+  if (merged && (int64_t)c->merge_clusters[s] * s < resident)
+    resident = (int64_t)c->merge_clusters[s] * s;
+  const int64_t blocks = T * c->groups * s;
+  const int64_t active = blocks < resident ? blocks : resident;
+  const int64_t waves = ceil_div(blocks, resident);
+  double tile = c->tile_us;
+  if (tile < TILE_LATENCY_US) tile = TILE_LATENCY_US;
+  const double mem = (double)SMLA_CUDA_FWD_BN * c->gather_bytes * (double)active /
+                     GATHER_BYTES_PER_US;
+  if (tile < mem) tile = mem;
+  double cost = (double)waves * ((double)tps * tile + BLOCK_FIXED_US);
+  if (merged)
+    cost += CLUSTER_MERGE_US;
+  else if (s > 1)
+    cost += COMBINE_FIXED_US +
+            (double)T * num_heads * s * SMLA_DC * 4.0 * 2.0 / COMBINE_BYTES_PER_US;
+  return cost;
+}
+
+/* Splits, entries per split and merge (1: in the kernel) for T rows, by the cost model. */
 static int auto_splits(const fwd_choice *c, const cuda_state *st, int num_heads, int topk,
-                       int64_t T, int *split_len) {
+                       int64_t T, int *split_len, int *merged) {
   *split_len = topk;
+  *merged = 0;
   if (T * c->groups >= (int64_t)NO_SPLIT_WAVES * st->sm_count) return 1;
-  const double tile_bytes = (double)SMLA_CUDA_FWD_BN * c->gather_bytes;
   double best = 1e300;
-  int best_s = 1, best_len = topk;
+  int best_s = 1, best_len = topk, best_m = 0;
   const int max_s = c->ntiles < MAX_AUTO_SPLITS ? c->ntiles : MAX_AUTO_SPLITS;
   for (int s = 1; s <= max_s; s++) {
     const int64_t tps = ceil_div(c->ntiles, s);
     const int64_t s_eff = ceil_div(c->ntiles, tps);
     if (s_eff != s) continue; /* same tiles per split as a smaller s */
-    const int64_t blocks = T * c->groups * s;
-    const int64_t active = blocks < st->sm_count ? blocks : st->sm_count;
-    const int64_t waves = ceil_div(blocks, st->sm_count);
-    double tile = c->tile_us;
-    if (tile < TILE_LATENCY_US) tile = TILE_LATENCY_US;
-    const double mem = tile_bytes * (double)active / GATHER_BYTES_PER_US;
-    if (tile < mem) tile = mem;
-    double cost = (double)waves * ((double)tps * tile + BLOCK_FIXED_US);
-    if (s > 1)
-      cost += COMBINE_FIXED_US +
-              (double)T * num_heads * s * SMLA_DC * 4.0 * 2.0 / COMBINE_BYTES_PER_US;
-    if (cost < best * 0.999) { /* ties go to fewer splits */
-      best = cost;
-      best_s = s;
-      best_len = (int)(tps * SMLA_CUDA_FWD_BN);
+    for (int m = 0; m <= can_merge(c, s); m++) {
+      const double cost = split_cost(c, st, num_heads, T, s, tps, m);
+      if (cost < best * 0.999) { /* ties go to fewer splits, then to the combine kernel */
+        best = cost;
+        best_s = s;
+        best_len = (int)(tps * SMLA_CUDA_FWD_BN);
+        best_m = m;
+      }
     }
   }
   *split_len = best_s == 1 ? topk : best_len;
+  *merged = best_m;
   return best_s;
 }
 
@@ -361,23 +388,24 @@ static void plan_choice(const smla_plan *plan, fwd_choice *c) {
   c->groups = (int)ceil_div(plan->desc.num_heads, plan->heads_per_block);
   c->ntiles = (int)ceil_div(plan->desc.topk, SMLA_CUDA_FWD_BN);
   c->gather_bytes = (int)smla_cache_row_size(plan->desc.format, plan->desc.dr);
+  c->merge_clusters = c->sm90 ? plan->merge_clusters : NULL;
 }
 
-/* Splits for a forward of T rows under the plan's policy. */
+/* Splits for a forward of T rows under the plan's policy, and whether they merge in the
+ * kernel. A batch-invariant plan fixes both from one T, so every row of every T is
+ * computed and merged the same way. */
 static int plan_splits(const smla_plan *plan, const fwd_choice *c, const cuda_state *st,
-                       int64_t T, int *split_len) {
+                       int64_t T, int *split_len, int *merged) {
   const smla_plan_desc *d = &plan->desc;
-  int s;
-  if (d->num_splits > 0) {
+  if (d->num_splits > 0) { /* forced: merged in the kernel wherever it can be */
+    int s;
     forced_splits(d->num_splits, d->topk, &s, split_len);
+    *merged = can_merge(c, s);
     return s;
   }
-  if (d->flags & SMLA_PLAN_BATCH_INVARIANT) {
-    s = auto_splits(c, st, d->num_heads, d->topk, invariant_rows(c, st, d->max_tokens),
-                    split_len);
-    return s;
-  }
-  return auto_splits(c, st, d->num_heads, d->topk, T, split_len);
+  const int64_t T_model = (d->flags & SMLA_PLAN_BATCH_INVARIANT)
+                              ? invariant_rows(c, st, d->max_tokens) : T;
+  return auto_splits(c, st, d->num_heads, d->topk, T_model, split_len, merged);
 }
 
 /* Workspace bytes per partial row (t, split): out [N][512] float + lse [N] + max [N]. */
@@ -429,29 +457,6 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   plan_choice(plan, &c);
   const smla_cuda_fwd_layout L = smla_cuda_fwd_layout_of(c.cfg.format, c.cfg.dr, mtiles, pipe);
 
-  /* Partial rows the workspace must hold: max over T <= max_tokens of T * splits(T). */
-  int64_t cap = 0;
-  int split_len, s_one = plan_splits(plan, &c, st, 1, &split_len);
-  const int s_max = plan_splits(plan, &c, st, d->max_tokens, &split_len);
-  if (d->num_splits > 0 || (d->flags & SMLA_PLAN_BATCH_INVARIANT)) {
-    cap = s_one > 1 ? d->max_tokens * s_one : 0;
-  } else {
-    int64_t tmax = ceil_div((int64_t)NO_SPLIT_WAVES * st->sm_count, c.groups);
-    if (tmax > d->max_tokens) tmax = d->max_tokens;
-    for (int64_t T = 1; T <= tmax; T++) {
-      const int s = plan_splits(plan, &c, st, T, &split_len);
-      if (s > 1 && T * s > cap) cap = T * s;
-    }
-  }
-  /* The grid is (row, head group, split) in one dimension of at most 2^31-1 blocks. */
-  const int64_t grid_max = (cap > d->max_tokens ? cap : d->max_tokens) * c.groups;
-  if (grid_max > INT32_MAX)
-    return smla_set_error(ctx, SMLA_ERR_UNSUPPORTED, "%s: max_tokens = %lld needs %lld blocks "
-                          "per launch, beyond the 2^31-1 of one grid dimension", fn,
-                          (long long)d->max_tokens, (long long)grid_max);
-  plan->num_splits = s_max;
-  *workspace_bytes = (size_t)cap * partial_row_bytes(d->num_heads);
-
   /* Kernel attribute: may use all the opt-in shared memory (a permission, not a size). */
   int prev;
   smla_status s = device_enter(ctx, fn, &prev);
@@ -464,20 +469,75 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   case SMLA_CACHE_FP8_TENSOR: e = smla_cuda_fwd_prepare_fp8(&c.cfg, st->smem_optin); break;
   default: e = smla_cuda_fwd_prepare_ds(&c.cfg, st->smem_optin); break;
   }
+  if (e == cudaSuccess) e = smla_cuda_merge_prepare();
   s = launched(ctx, prev, e, "smla_plan_create: cudaFuncSetAttribute");
   if (s != SMLA_OK) return s;
+  /* sm90: forwards of 2..8 splits merge inside the kernel (one cluster per (t, head
+   * group)) where such a cluster can be resident; the others use the combine kernel. */
+  memset(plan->merge_clusters, 0, sizeof plan->merge_clusters);
+  int merge_lo = 0, merge_hi = 0;
+  if (sm90) {
+    s = device_enter(ctx, fn, &prev);
+    if (s != SMLA_OK) return s;
+    for (int k = 2; k <= 8 && e == cudaSuccess; k++) {
+      int n = 0;
+      e = smla_cuda_fwd90_cluster_capacity(d->dr, k, &n);
+      if (e == cudaSuccess && n > 0) {
+        plan->merge_clusters[k] = n;
+        if (!merge_lo) merge_lo = k;
+        merge_hi = k;
+      }
+    }
+    s = launched(ctx, prev, e, "smla_plan_create: cudaOccupancyMaxActiveClusters");
+    if (s != SMLA_OK) return s;
+  }
+  char merge[128] = "";
+  if (merge_lo) {
+    int n = snprintf(merge, sizeof merge, "; in-kernel merge for %d-%d splits (resident "
+                     "clusters of %d..%d:", merge_lo, merge_hi, merge_lo, merge_hi);
+    for (int k = merge_lo; k <= merge_hi && n > 0 && n < (int)sizeof merge; k++)
+      n += snprintf(merge + n, sizeof merge - (size_t)n, " %d", plan->merge_clusters[k]);
+    if (n > 0 && n < (int)sizeof merge) snprintf(merge + n, sizeof merge - (size_t)n, ")");
+  }
+
+  /* Partial rows the workspace must hold: max over T <= max_tokens of T * splits(T). */
+  int64_t cap = 0;
+  int split_len, merged, s_one = plan_splits(plan, &c, st, 1, &split_len, &merged);
+  const int merged_one = merged;
+  const int s_max = plan_splits(plan, &c, st, d->max_tokens, &split_len, &merged);
+  const int merged_max = merged;
+  if (d->num_splits > 0 || (d->flags & SMLA_PLAN_BATCH_INVARIANT)) {
+    cap = s_one > 1 ? d->max_tokens * s_one : 0;
+  } else {
+    int64_t tmax = ceil_div((int64_t)NO_SPLIT_WAVES * st->sm_count, c.groups);
+    if (tmax > d->max_tokens) tmax = d->max_tokens;
+    for (int64_t T = 1; T <= tmax; T++) {
+      const int s = plan_splits(plan, &c, st, T, &split_len, &merged);
+      if (s > 1 && T * s > cap) cap = T * s;
+    }
+  }
+  /* The grid is (row, head group, split) in one dimension of at most 2^31-1 blocks. */
+  const int64_t grid_max = (cap > d->max_tokens ? cap : d->max_tokens) * c.groups;
+  if (grid_max > INT32_MAX)
+    return smla_set_error(ctx, SMLA_ERR_UNSUPPORTED, "%s: max_tokens = %lld needs %lld blocks "
+                          "per launch, beyond the 2^31-1 of one grid dimension", fn,
+                          (long long)d->max_tokens, (long long)grid_max);
+  plan->num_splits = s_max;
+  *workspace_bytes = (size_t)cap * partial_row_bytes(d->num_heads);
+
 
   const char *policy = d->num_splits > 0 ? "forced"
                        : (d->flags & SMLA_PLAN_BATCH_INVARIANT) ? "batch-invariant, fixed"
                                                                 : "per T by cost model";
   snprintf(plan->describe, sizeof plan->describe,
            "%s: %s dr=%d, %d heads/block x %d groups, %s %d (%u KB smem), "
-           "%s bf16; splits %s (T=1: %d, T=%lld: %d; %d SMs); %lld partial rows",
+           "%s bf16; splits %s (T=1: %d%s, T=%lld: %d%s; %d SMs); %lld partial rows%s",
            sm90 ? "cuda-sm90" : "cuda-generic", format_name(d->format), d->dr,
            plan->heads_per_block, c.groups,
            d->format == SMLA_CACHE_BF16 ? "kv stages" : "fp8 staging", pipe,
            (unsigned)((sm90 ? smem90 : L.total) / 1024), sm90 ? "wgmma" : "mma.sync", policy,
-           s_one, (long long)d->max_tokens, s_max, st->sm_count, (long long)cap);
+           s_one, merged_one ? " merged in-kernel" : "", (long long)d->max_tokens, s_max,
+           merged_max ? " merged in-kernel" : "", st->sm_count, (long long)cap, merge);
   return SMLA_OK;
 }
 
@@ -491,8 +551,8 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p, v
   plan_choice(plan, &c);
   const int64_t T = p->num_tokens;
   const int N = p->num_heads;
-  int split_len;
-  const int splits = plan_splits(plan, &c, st, T, &split_len);
+  int split_len, merged;
+  const int splits = plan_splits(plan, &c, st, T, &split_len, &merged);
 
   smla_cuda_fwd_args a;
   memset(&a, 0, sizeof a);
@@ -527,6 +587,7 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p, v
   a.max_logit = p->max_logit;
   a.max_logit_stride_t = p->max_logit_stride_t;
   a.bad_inputs = (unsigned long long *)p->bad_inputs;
+  a.cluster_merge = merged;
 
   const int64_t part_stride_p = T * N; /* in (t, h) rows */
   int64_t cap = 0;
@@ -552,7 +613,8 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p, v
   case SMLA_CACHE_FP8_TENSOR: e = smla_cuda_fwd_launch_fp8(&c.cfg, &a, stream); break;
   default: e = smla_cuda_fwd_launch_ds(&c.cfg, &a, stream); break;
   }
-  if (e != cudaSuccess || splits == 1) return launched(ctx, prev, e, "smla_forward: kernel");
+  if (e != cudaSuccess || splits == 1 || a.cluster_merge)
+    return launched(ctx, prev, e, "smla_forward: kernel");
 
   smla_cuda_merge_args m;
   memset(&m, 0, sizeof m);
@@ -579,6 +641,8 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p, v
   m.max_logit = p->max_logit;
   m.max_logit_stride_t = p->max_logit_stride_t;
   m.sink = p->sink;
+  m.dense = 1; /* the forward writes every partial row (zeros where lse = -inf) */
+  m.pdl = c.sm90;  /* the sm90 forward triggers its dependents after its tile loop */
   return launched(ctx, prev, smla_cuda_merge(&m, stream), "smla_forward: combine kernel");
 }
 

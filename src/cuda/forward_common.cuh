@@ -41,7 +41,8 @@ __device__ __forceinline__ bool entry_used(const smla_cuda_fwd_args &a, int32_t 
 }
 
 /* What one block of the forward grid works on: blocks are numbered (t, split, group) with
- * the group fastest; entries [ks, kend) of row t (the split clamped by lengths[t]). */
+ * the group fastest (with cluster_merge: (t, group, split), split fastest); entries
+ * [ks, kend) of row t (the split clamped by lengths[t]). */
 struct fwd_block {
   int64_t t;
   int grp, split, ks, kend, ntiles;
@@ -51,10 +52,17 @@ struct fwd_block {
 __device__ __forceinline__ fwd_block fwd_block_of(const smla_cuda_fwd_args &a) {
   fwd_block b;
   const int64_t bid = blockIdx.x;
-  b.grp = (int)(bid % a.groups);
-  const int64_t rest = bid / a.groups;
-  b.split = (int)(rest % a.num_splits);
-  b.t = rest / a.num_splits;
+  if (a.cluster_merge) { /* (t, group, split): a cluster is the splits of one (t, group) */
+    b.split = (int)(bid % a.num_splits);
+    const int64_t rest = bid / a.num_splits;
+    b.grp = (int)(rest % a.groups);
+    b.t = rest / a.groups;
+  } else {
+    b.grp = (int)(bid % a.groups);
+    const int64_t rest = bid / a.groups;
+    b.split = (int)(rest % a.num_splits);
+    b.t = rest / a.num_splits;
+  }
   int len = a.topk;
   if (a.lengths) len = min(max(a.lengths[b.t], 0), a.topk);
   b.ks = b.split * a.split_len;
@@ -75,8 +83,9 @@ __device__ __forceinline__ const uint16_t *q_chunk_src(const smla_cuda_fwd_args 
 
 /* One (t, head) row's epilogue, from its sum of weights l and max m: with one split, the
  * final bf16 row `out` scaled by f (the 1/l, sink and FP8_TENSOR value scale; 0 when no
- * entry was used) and lse / max_logit; with several, the partial row `part` (NULL when
- * l == 0: a -inf partial is never read) and its lse / max. `writer`: the one thread of
+ * entry was used) and lse / max_logit; with several, the partial row `part` (written
+ * with f = 0, i.e. zeros, when l == 0, so that the combine may load it before it knows
+ * the lse: smla_cuda_merge_args.dense) and its lse / max. `writer`: the one thread of
  * the row that stores the per-row scalars. Each kernel then stores its own columns. */
 struct fwd_row_out {
   uint16_t *out; /* final row, or NULL */
@@ -102,10 +111,8 @@ __device__ __forceinline__ fwd_row_out fwd_row_epilogue(const smla_cuda_fwd_args
     }
   } else {
     const int64_t prow = ((int64_t)split * a.num_tokens + t) * a.num_heads + head;
-    if (l != 0.0f) {
-      r.f = a.value_scale / l;
-      r.part = a.part_out + prow * 512;
-    }
+    if (l != 0.0f) r.f = a.value_scale / l;
+    r.part = a.part_out + prow * 512; /* zeros when l == 0: the combine reads every row */
     if (writer) {
       a.part_lse[prow] = lse;
       a.part_max[prow] = m;

@@ -81,9 +81,17 @@ typedef struct smla_cuda_merge_args {
   float *max_logit;            /* [T][N] = max over p of max_p; NULL unless max_p is set */
   int64_t max_logit_stride_t;
   const float *sink;           /* [N]: out *= 1 / (1 + exp(sink[h] - lse)); may be NULL */
+  int dense;                   /* 1: every partial row is written, -inf ones too (the
+                                  forward's): loads may be issued before the lse is known */
+  int pdl;                     /* 1: launched as a programmatic dependent of the previous
+                                  kernel on the stream (the sm90 forward, which triggers it
+                                  after its tile loop); the merge waits for its completion */
 } smla_cuda_merge_args;
 
 cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stream);
+/* Once per process and device: the merge kernels ask for the shared-memory carveout the
+ * forward kernels use, so that the SMs are not reconfigured between the two. */
+cudaError_t smla_cuda_merge_prepare(void);
 
 /* ---- 4. forward (forward_bf16.cu, forward_fp8.cu, forward_ds.cu) ----------------------- */
 
@@ -130,6 +138,10 @@ typedef struct smla_cuda_fwd_args {
   float *part_out;             /* [splits][T][N][512], normalized by the split's own sum */
   float *part_lse;             /* [splits][T][N]; -inf: the split saw no used entry */
   float *part_max;             /* [splits][T][N] */
+  /* sm90 only, 2 <= num_splits <= 8: the splits of one (t, head group) run as one thread-
+   * block cluster and merge inside the kernel (part_out as the exchange, part_lse and
+   * part_max unused, no combine kernel); blocks numbered (t, group, split), split fastest. */
+  int cluster_merge;
   unsigned long long *bad_inputs; /* may be NULL */
 } smla_cuda_fwd_args;
 
@@ -194,6 +206,10 @@ cudaError_t smla_cuda_fwd_launch_ds(const smla_cuda_fwd_config *c,
 uint32_t smla_cuda_fwd90_smem_bytes(int dr);
 cudaError_t smla_cuda_fwd90_prepare(int dr, int max_smem);
 cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *a, void *stream);
+/* How many clusters of `splits` blocks of the sm90 forward can be resident at once (0: a
+ * cluster of that size cannot run, or the in-kernel merge is compiled out). Call after
+ * smla_cuda_fwd90_prepare. */
+cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int splits, int *clusters);
 
 #ifdef __cplusplus
 }

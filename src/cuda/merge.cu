@@ -3,7 +3,8 @@
  * split-KV combine (with max_p -> max_logit and the sink factor 1 / (1 + exp(sink - lse))).
  *
  * Merged rows: one block of 128 threads per (t, h) (merge_kernel), or for few rows with
- * many partials one block per (t, h, 128 columns) (merge3_kernel, chosen in smla_cuda_merge).
+ * many partials one block per (t, h, 128 columns) (merge3_kernel), or for the forward's
+ * 2..8 dense partials one warp per (t, h) (merge4_kernel); chosen in smla_cuda_merge.
  * Bytes: P * dv * 4 read + dv * 2 written per (t, h). The forward picks many splits only
  * when T * N is small (T=1 N=16 P=32: 1 MB of partials, L2-resident, ~2 us).
  */
@@ -289,6 +290,101 @@ __global__ void __launch_bounds__(MERGE3_WARPS * 32) merge3_kernel(const smla_cu
   }
 }
 
+/* ---- v4: the forward's combine of 2..8 dense float partials ---------------------------
+ * One warp per (t, h), lane l owning columns 4 l + 128 c (c < 4, dv = 512): the P lse
+ * values, the P max values and the P x 4 partial float4 of the lane are all loaded in one
+ * round (the forward writes every partial row, zeros for a -inf one: a.dense), then the
+ * lse, the weights and the sum are computed in registers by every lane alike: one L2
+ * round trip per row instead of v1's three (lse, lse again for the weights behind a
+ * barrier, partials). Same arithmetic as v1 (lse, weights, p-ordered sum, sink factor,
+ * NaN and -inf rules). Picked by P alone (not T), so a batch-invariant plan keeps it. */
+#define MERGE4_WARPS 4
+#ifndef SMLA_COMBINE_PDL /* 0: the combine after the sm90 forward is a plain launch (A/B) */
+#define SMLA_COMBINE_PDL 1
+#endif
+#ifndef SMLA_MERGE_CARVEOUT /* 0: no carveout preference for the merge kernels (A/B) */
+#define SMLA_MERGE_CARVEOUT 1
+#endif
+
+template <int P>
+__global__ void __launch_bounds__(MERGE4_WARPS * 32) merge4_kernel(const smla_cuda_merge_args a) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#if __CUDA_ARCH__ >= 900
+  /* A programmatic dependent (a.pdl) may start before the forward has finished: wait for
+   * its completion and its writes (a no-op for a plain launch). */
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  const int64_t row = (int64_t)blockIdx.x * MERGE4_WARPS + warp;
+  if (row >= a.num_tokens * a.num_heads) return;
+  const int64_t t = row / a.num_heads;
+  const int h = (int)(row % a.num_heads);
+  const float NEG_INF = -INFINITY;
+  const float *lse_p = a.lse_p + t * a.lse_p_stride_t + h;
+  const float *out_p = (const float *)a.out_p + t * a.out_p_stride_t +
+                       (int64_t)h * a.out_p_stride_h + 4 * lane;
+  const bool want_max = a.max_p && a.max_logit;
+  float l[P], mp[P];
+  float4 v[P][4];
+#pragma unroll
+  for (int p = 0; p < P; p++) {
+    l[p] = lse_p[p * a.lse_p_stride_p];
+    mp[p] = want_max ? a.max_p[t * a.max_p_stride_t + h + p * a.max_p_stride_p] : NEG_INF;
+#pragma unroll
+    for (int c = 0; c < 4; c++) v[p][c] = __ldcg((const float4 *)(out_p + p * a.out_p_stride_p) + 32 * c);
+  }
+  float mx = NEG_INF;
+  bool nan = false;
+#pragma unroll
+  for (int p = 0; p < P; p++) {
+    mx = fmaxf(mx, l[p]); /* skips NaN: counted apart so that it propagates */
+    nan |= l[p] != l[p];
+  }
+  float lse = NEG_INF;
+  if (nan) {
+    lse = NAN;
+  } else if (mx != NEG_INF) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; p++)
+      if (l[p] != NEG_INF) sum += expf(l[p] - mx);
+    lse = mx + logf(sum);
+  }
+  float acc[4][4];
+#pragma unroll
+  for (int c = 0; c < 4; c++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) acc[c][e] = 0.0f;
+  if (lse != NEG_INF) {
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+      const float w = l[p] == NEG_INF ? -1.0f : expf(l[p] - lse); /* -1: contributes nothing */
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const float x[4] = {v[p][c].x, v[p][c].y, v[p][c].z, v[p][c].w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[c][e] += w < 0.0f ? 0.0f : w * x[e];
+      }
+    }
+  }
+  const float factor = a.sink && lse != NEG_INF ? 1.0f / (1.0f + expf(a.sink[h] - lse)) : 1.0f;
+  const int64_t out_off = t * a.out_stride_t + (int64_t)h * a.out_stride_h + 4 * lane;
+#pragma unroll
+  for (int c = 0; c < 4; c++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) acc[c][e] *= factor;
+    store4(a.out, a.out_bf16, out_off + 128 * c, 1, acc[c]);
+  }
+  if (lane == 0) {
+    if (a.lse) a.lse[t * a.lse_stride_t + h] = lse;
+    if (want_max) {
+      float m = NEG_INF;
+#pragma unroll
+      for (int p = 0; p < P; p++) m = fmax_nan(m, mp[p]);
+      a.max_logit[t * a.max_logit_stride_t + h] = m;
+    }
+  }
+}
+
 static int aligned4(const void *p, int64_t elem_bytes, int64_t s0, int64_t s1, int64_t s2) {
   const int64_t q = 4 * elem_bytes;
   return ((uintptr_t)p % (uintptr_t)q) == 0 && (s0 * elem_bytes) % q == 0 &&
@@ -304,6 +400,25 @@ extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stre
                            a->out_p_stride_t, a->out_p_stride_h) &&
                   aligned4(a->out, a->out_bf16 ? 2 : 4, 0, a->out_stride_t, a->out_stride_h);
   const int64_t blocks3 = blocks * ((a->dv + MERGE3_COLS - 1) / MERGE3_COLS);
+  const int P = a->num_partials;
+  if (vec && a->dense && !a->out_p_bf16 && a->dv == 512 && P >= 2 && P <= 8) {
+    static const void *const k4[7] = {
+        (const void *)merge4_kernel<2>, (const void *)merge4_kernel<3>,
+        (const void *)merge4_kernel<4>, (const void *)merge4_kernel<5>,
+        (const void *)merge4_kernel<6>, (const void *)merge4_kernel<7>,
+        (const void *)merge4_kernel<8>};
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3((unsigned)((blocks + MERGE4_WARPS - 1) / MERGE4_WARPS), 1, 1);
+    c.blockDim = dim3(MERGE4_WARPS * 32, 1, 1);
+    c.stream = (cudaStream_t)stream;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = &attr;
+    c.numAttrs = SMLA_COMBINE_PDL && a->pdl ? 1 : 0;
+    void *args[1] = {(void *)a};
+    return cudaLaunchKernelExC(&c, k4[P - 2], args);
+  }
   /* v3 where v1 has too few blocks to hide its dependent rounds (see merge3_kernel). */
   if (vec && a->num_partials >= 8 && blocks <= MERGE3_MAX_ROWS)
     merge3_kernel<<<(unsigned)blocks3, MERGE3_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
@@ -312,4 +427,20 @@ extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stre
   else
     merge_kernel<0><<<(unsigned)blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
   return cudaGetLastError();
+}
+
+extern "C" cudaError_t smla_cuda_merge_prepare(void) {
+  if (!SMLA_MERGE_CARVEOUT) return cudaSuccess;
+  const void *const k[10] = {
+      (const void *)merge_kernel<0>,  (const void *)merge_kernel<1>,
+      (const void *)merge3_kernel,    (const void *)merge4_kernel<2>,
+      (const void *)merge4_kernel<3>, (const void *)merge4_kernel<4>,
+      (const void *)merge4_kernel<5>, (const void *)merge4_kernel<6>,
+      (const void *)merge4_kernel<7>, (const void *)merge4_kernel<8>};
+  for (int i = 0; i < 10; i++) {
+    const cudaError_t e = cudaFuncSetAttribute(k[i], cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               cudaSharedmemCarveoutMaxShared);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }

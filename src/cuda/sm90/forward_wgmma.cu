@@ -94,6 +94,92 @@ __device__ __forceinline__ uint32_t w_chunk(int r, int c) {
   return (uint32_t)((c >> 3) * W_KB_BYTES + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
+/* The in-kernel split merge (a.cluster_merge; docs/design/cuda-sm90-forward.md, v6): the
+ * splits of one (t, head group) are one cluster. Every block reads the row max m and sum
+ * l of every split from the others' shared memory, scales its own O by its weight
+ * exp(m_k - M) / (L + sink term) (the same M and L in every block: same order of
+ * reads and sums), writes the columns it does not own to its partial rows, and after a
+ * second cluster barrier sums the S values of the columns it owns: 8-column units
+ * [64 k / S, 64 (k + 1) / S) for block k. Off with -DSMLA_FWD90_CLUSTER=0 (A/B builds). */
+#ifndef SMLA_FWD90_CLUSTER
+#define SMLA_FWD90_CLUSTER 1
+#endif
+
+/* Row `row`'s weight of this block's O in the cluster's merged row, and (writer) the
+ * merged lse and max_logit. red_s, rowmax_s: shared addresses of red and rowmax. */
+__device__ __forceinline__ float w_cluster_factor(const smla_cuda_fwd_args &a, int64_t t,
+                                                  int head, int row, uint32_t red_s,
+                                                  uint32_t rowmax_s, float l_own, float m_own,
+                                                  bool writer) {
+  const float NEG_INF = -INFINITY;
+  const int S = a.num_splits;
+  float mk[8], lk[8], M = NEG_INF;
+#pragma unroll
+  for (int k = 0; k < 8; k++) {
+    if (k >= S) break;
+    mk[k] = ld_cluster_f32(rowmax_s + 4u * row, (uint32_t)k);
+    lk[k] = ld_cluster_f32(red_s + 4u * row, (uint32_t)k) +
+            ld_cluster_f32(red_s + 256u + 4u * row, (uint32_t)k);
+  }
+#pragma unroll
+  for (int k = 0; k < 8; k++)
+    if (k < S) M = fmax_nan(M, mk[k]); /* a NaN max poisons the row */
+  float L = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; k++)
+    if (k < S && lk[k] != 0.0f) L += lk[k] * expf(mk[k] - M);
+  if (writer) {
+    if (a.lse) a.lse[t * a.lse_stride_t + head] = L == 0.0f ? NEG_INF : M + logf(L);
+    if (a.max_logit) a.max_logit[t * a.max_logit_stride_t + head] = M;
+  }
+  if (l_own == 0.0f) return 0.0f;
+  float den = L;
+  if (a.sink) den += expf(a.sink[head] - M);
+  return a.value_scale * expf(m_own - M) / den;
+}
+
+/* Block `me` of the cluster sums its columns over the S splits (its own from the staged
+ * ost, the others' from their partial rows, written before the barrier) and stores them
+ * as bf16: every load of a thread issued before the first add (up to 36 x 16 bytes). */
+template <int S>
+__device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64_t t, int h0,
+                                              int me, const float *ost, int tid) {
+  constexpr int UMAX = (64 + S - 1) / S; /* 8-column units a block owns, at most */
+  constexpr int IPT = (64 * 2 * UMAX + W_THREADS - 1) / W_THREADS; /* float4 per thread */
+  const int u0 = 64 * me / S, u1 = 64 * (me + 1) / S;
+  const int c0 = 8 * u0, nch = 2 * (u1 - u0), items = 64 * nch;
+  float4 v[IPT][S];
+#pragma unroll
+  for (int u = 0; u < IPT; u++) {
+    const int i = tid + W_THREADS * u;
+    const int row = i / nch, col = c0 + 4 * (i - row * nch), head = h0 + row;
+    const bool ok = i < items && head < a.num_heads;
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+      if (!ok)
+        v[u][k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      else if (k == me)
+        v[u][k] = *(const float4 *)(ost + row * W_OST_STRIDE + col);
+      else
+        v[u][k] = __ldcg((const float4 *)(a.part_out +
+                                          (((int64_t)k * a.num_tokens + t) * a.num_heads +
+                                           head) * 512 + col));
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < IPT; u++) {
+    const int i = tid + W_THREADS * u;
+    const int row = i / nch, col = c0 + 4 * (i - row * nch), head = h0 + row;
+    if (i >= items || head >= a.num_heads) continue;
+    float4 acc = v[u][0];
+#pragma unroll
+    for (int k = 1; k < S; k++)
+      acc.x += v[u][k].x, acc.y += v[u][k].y, acc.z += v[u][k].z, acc.w += v[u][k].w;
+    uint16_t *dst = a.out + t * a.out_stride_t + (int64_t)head * a.out_stride_h + col;
+    *(uint2 *)dst = make_uint2(pack_bf16x2(acc.x, acc.y), pack_bf16x2(acc.z, acc.w));
+  }
+}
+
 template <int DR>
 __global__ void __launch_bounds__(W_BLOCK, 1)
     fwd90_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
@@ -380,6 +466,9 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #if SMLA_FWD90_PROBE
     pr2 = probe_ns();
 #endif
+    /* The combine kernel (a programmatic dependent, smla_cuda_merge_args.pdl) may be
+     * scheduled from here on; it waits for this grid's completion before it reads. */
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #if SMLA_FWD90_WS
 #undef W_LOAD_SLOTS
 #else
@@ -415,17 +504,28 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   static_assert(W_HEADS * W_OST_STRIDE * 4 <= 2 * TILE + W_KB_BYTES, "staged O: KV + P");
   float *ost = (float *)(smem + L.kv);
   void **dst_s = (void **)(smem + L.q); /* per row: its output row, or NULL */
+  const bool cmerge = SMLA_FWD90_CLUSTER && a.cluster_merge;
+  /* Every split's m and l (red, rowmax_s, written before the barrier above) published to
+   * the cluster. Nothing in red and rowmax_s changes after this. */
+  if (cmerge) cluster_sync_acq_rel();
 #pragma unroll
   for (int hh = 0; hh < 2; hh++) {
     const int row = r0 + 8 * hh, head = h0 + row;
     const bool writer = wg == 0 && tig == 0;
     if (head >= a.num_heads) {
-      if (writer) dst_s[row] = NULL;
+      if (writer && !cmerge) dst_s[row] = NULL;
       continue;
     }
-    const fwd_row_out r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row],
-                                           rowmax_s[row], writer);
-    if (writer) dst_s[row] = r.out ? (void *)r.out : (void *)r.part;
+    float f;
+    if (cmerge) {
+      f = w_cluster_factor(a, t, head, row, sbase + L.red, sbase + L.rowmax,
+                           red[row] + red[64 + row], rowmax_s[row], writer && split == 0);
+    } else {
+      const fwd_row_out r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row],
+                                             rowmax_s[row], writer);
+      if (writer) dst_s[row] = r.out ? (void *)r.out : (void *)r.part;
+      f = r.f;
+    }
     const int col0 = 256 * wg + 2 * tig;
 #pragma unroll
     for (int h = 0; h < 2; h++)
@@ -433,13 +533,41 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       for (int nb = 0; nb < 16; nb++) {
         const int col = col0 + 128 * h + 8 * nb;
         *(float2 *)(ost + row * W_OST_STRIDE + col) =
-            make_float2(O[h][4 * nb + 2 * hh] * r.f, O[h][4 * nb + 2 * hh + 1] * r.f);
+            make_float2(O[h][4 * nb + 2 * hh] * f, O[h][4 * nb + 2 * hh + 1] * f);
       }
   }
   W_SYNC();
   {
     const int warp = tid >> 5; /* 8 warps, 8 rows each */
-    if (a.num_splits == 1) {
+    if (cmerge) {
+      /* The columns other blocks own, to this split's partial rows (every row of a head
+       * < N, zeros included: the owners read them all); then the cluster barrier that
+       * also ends every read of this block's red / rowmax_s; then this block's columns. */
+      const int S = a.num_splits;
+      const int c0 = 8 * (64 * split / S), c1 = 8 * (64 * (split + 1) / S);
+#pragma unroll 1
+      for (int row = warp; row < W_HEADS; row += W_THREADS / 32) {
+        const int head = h0 + row;
+        if (head >= a.num_heads) continue;
+        float *dst = a.part_out + (((int64_t)split * a.num_tokens + t) * a.num_heads + head) * 512;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int col = 4 * (lane + 32 * i);
+          if (col >= c0 && col < c1) continue;
+          *(float4 *)(dst + col) = *(const float4 *)(ost + row * W_OST_STRIDE + col);
+        }
+      }
+      cluster_sync_acq_rel();
+      switch (S) {
+      case 2: w_cluster_sum<2>(a, t, h0, split, ost, tid); break;
+      case 3: w_cluster_sum<3>(a, t, h0, split, ost, tid); break;
+      case 4: w_cluster_sum<4>(a, t, h0, split, ost, tid); break;
+      case 5: w_cluster_sum<5>(a, t, h0, split, ost, tid); break;
+      case 6: w_cluster_sum<6>(a, t, h0, split, ost, tid); break;
+      case 7: w_cluster_sum<7>(a, t, h0, split, ost, tid); break;
+      default: w_cluster_sum<8>(a, t, h0, split, ost, tid); break;
+      }
+    } else if (a.num_splits == 1) {
 #pragma unroll 1
       for (int row = warp; row < W_HEADS; row += W_THREADS / 32) {
         uint16_t *dst = (uint16_t *)dst_s[row];
@@ -492,15 +620,46 @@ extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int max_smem) {
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
 }
 
+/* A launch configuration of the forward: clusters of `cluster` blocks (1: none). */
+static cudaLaunchConfig_t w_config(unsigned blocks, uint32_t smem, int cluster, void *stream,
+                                   cudaLaunchAttribute *attr) {
+  cudaLaunchConfig_t c = {};
+  c.gridDim = dim3(blocks, 1, 1);
+  c.blockDim = dim3(W_BLOCK, 1, 1);
+  c.dynamicSmemBytes = smem;
+  c.stream = (cudaStream_t)stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = (unsigned)cluster;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  c.attrs = attr;
+  c.numAttrs = cluster > 1 ? 1 : 0; /* no cluster attribute on a plain launch */
+  return c;
+}
+
+static const void *w_kernel(int dr) {
+  return dr == 64 ? (const void *)fwd90_kernel<64> : (const void *)fwd90_kernel<0>;
+}
+
+extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int splits, int *clusters) {
+  *clusters = 0;
+  if (!SMLA_FWD90_CLUSTER || splits < 2 || splits > 8) return cudaSuccess;
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t c = w_config((unsigned)splits, smla_cuda_fwd90_smem_bytes(dr), splits,
+                                  NULL, &attr);
+  return cudaOccupancyMaxActiveClusters(clusters, w_kernel(dr), &c);
+}
+
 extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *a,
                                               void *stream) {
   const int64_t blocks = a->num_tokens * a->groups * a->num_splits;
   if (blocks <= 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  const uint32_t smem = smla_cuda_fwd90_smem_bytes(dr);
-  if (dr == 64)
-    fwd90_kernel<64><<<(unsigned)blocks, W_BLOCK, smem, (cudaStream_t)stream>>>(*a);
-  else
-    fwd90_kernel<0><<<(unsigned)blocks, W_BLOCK, smem, (cudaStream_t)stream>>>(*a);
-  return cudaGetLastError();
+  if (a->cluster_merge && (!SMLA_FWD90_CLUSTER || a->num_splits < 2 || a->num_splits > 8))
+    return cudaErrorInvalidValue;
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t c = w_config((unsigned)blocks, smla_cuda_fwd90_smem_bytes(dr),
+                                  a->cluster_merge ? a->num_splits : 1, stream, &attr);
+  void *args[1] = {(void *)a};
+  return cudaLaunchKernelExC(&c, w_kernel(dr), args);
 }
