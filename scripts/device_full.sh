@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything a change needs on the GPU machine in one call, logs in one tarball:
 #   SMLA_GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/device_full.sh [extra bench args]
-#   STEPS="test bench" ... runs only those of: test checks overhead bench dcp ab absan sweep
+#   STEPS="test bench" ... runs only those of: test checks overhead bench baseline dcp ab absan sweep
 #   profile (the build always runs; default: all but absan, the A/B build under the
 #   sanitizer, and sweep, the split counts of T = 16, 32 at N = 128)
 # 1. make all; build/test_smla (CPU + GPU cases);
@@ -25,7 +25,7 @@ L=$(mktemp -d)
 trap 'tar czf "$O/logs.tgz" -C "$L" . 2>/dev/null' EXIT
 export SMLA_GIT_COMMIT=${SMLA_GIT_COMMIT:-unknown} PYTHONUNBUFFERED=1
 fail=0
-STEPS=${STEPS:-test checks overhead bench dcp ab profile}
+STEPS=${STEPS:-test checks overhead bench baseline dcp ab profile}
 has() { case " $STEPS " in *" $1 "*) return 0;; esac; return 1; }
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
@@ -76,6 +76,13 @@ if has bench; then
   stamp "benches done"
   grep -E "^ceilings|^commit" "$L/bench_decode.txt"
   grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" "$L/bench_prefill.txt" | cut -c1-90
+fi
+# The plain PyTorch forward of issue 3 (gather, einsum, softmax, einsum) on the same shapes,
+# graph-replayed and eager, with smla's speed-up over each (python/bench_torch_baseline.py).
+if has baseline && [ -f "$L/decode.json" ] && [ -f "$L/prefill.json" ]; then
+  timeout 120 ${PYTHON:-python3} python/bench_torch_baseline.py --smla "$L/decode.json" \
+    "$L/prefill.json" --json "$L/torch_baseline.json" >"$L/torch_baseline.txt" 2>&1
+  stamp "$(grep -E '^bench_torch_baseline' "$L/torch_baseline.txt" | tr '\n' ';')"
 fi
 # Decode context parallelism: one rank per GPU over NCCL, then 4 ranks simulated on GPU 0
 # with the merge benchmark (docs/dcp.md).

@@ -30,6 +30,9 @@
  * tile j (8 lanes per row, 4 rows per instruction) and arrives on full; the compute
  * warpgroups wait on full, S(j), softmax (named barrier for the row max), P written,
  * named barrier, PV(j), one arrival per warp on empty.
+ * Epilogue: the final row (one split), a partial row for the combine kernel, or with
+ * a.cluster_merge (2..8 splits as one cluster, v6) the merged row (w_cluster_factor,
+ * w_cluster_sum below).
  */
 #include "../forward_common.cuh"
 #include "wgmma.cuh"
