@@ -222,6 +222,10 @@ typedef struct smla_plan smla_plan;
  * specific kernel exists (CUDA: the sm_90a wgmma one on H100/H200): for A/B comparisons
  * and tests. Same results within rounding; smla_plan_describe names the kernel chosen. */
 #define SMLA_PLAN_PORTABLE 2u
+/* Merge KV splits only with the separate combine kernel, never inside the forward (CUDA:
+ * the sm_90a kernel's cluster merge of 2..8 splits): for A/B comparisons and tests. Same
+ * results within rounding; smla_plan_describe says which merge a plan uses. */
+#define SMLA_PLAN_SEPARATE_MERGE 4u
 
 typedef struct smla_plan_desc {
   int64_t max_tokens;            /* largest T the plan serves, >= 1 */

@@ -370,7 +370,7 @@ static smla_status check_desc(smla_context *ctx, const char *fn, const smla_plan
       d->format != SMLA_CACHE_FP8_DS)
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: desc.format = %d is not an smla_cache_format", fn,
          (int)d->format);
-  if (d->flags & ~(SMLA_PLAN_BATCH_INVARIANT | SMLA_PLAN_PORTABLE))
+  if (d->flags & ~(SMLA_PLAN_BATCH_INVARIANT | SMLA_PLAN_PORTABLE | SMLA_PLAN_SEPARATE_MERGE))
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: desc.flags = 0x%x has unknown bits", fn, d->flags);
   if (d->num_splits < 0 || d->num_splits > 1024)
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: desc.num_splits = %d, must be 0..1024", fn,

@@ -47,6 +47,7 @@ struct smla_plan {
   int kernel;                     /* backend-specific kernel id */
   int merge_clusters[9];          /* CUDA sm90: clusters of s blocks resident at once, s
                                      2..8 (0: s splits use the combine kernel) */
+  int combine_pdl;                /* CUDA: the combine may be a programmatic dependent */
   int num_threads;                /* CPU: workers (fixed at plan creation) */
 };
 

@@ -138,13 +138,14 @@ static void c_t_below_max(t_case *tc) {
 }
 
 /* SMLA_PLAN_BATCH_INVARIANT: row 0's outputs are bitwise the same whether it runs in a
- * batch of 64 rows (of different lengths) or alone (T = 1, same plan shape). 64 rows: on
- * an H200 the default policy splits T = 1 16 ways and T = 64 far fewer, so a plan that
- * ignored the flag would fail here (T = 6 would not tell: both get 16 splits). */
-#define BI_T 64
-static void c_batch_invariant(t_case *tc) {
+ * batch of T rows (of different lengths) or alone (T = 1, same plan shape). 64 rows of
+ * N = 16: on an H200 the default policy splits T = 1 16 ways and T = 64 far fewer, so a
+ * plan that ignored the flag would fail here (T = 6 would not tell: both get 16 splits).
+ * 8 rows of N = 32, K = 2048: the fixed split count is above 8, where the combine kernel
+ * would pick another summation order for 32 rows (T = 1) than for 256 (T = 8). */
+static void batch_invariant(t_case *tc, int64_t T, int N, int K, smla_cache_format format) {
   fwd_problem pb;
-  if (setup(tc, &pb, BI_T, 16, 1024, 64, SMLA_CACHE_FP8_DS, 1) == 0) {
+  if (setup(tc, &pb, T, N, K, 64, format, 1) == 0) {
     pb.flags = SMLA_PLAN_BATCH_INVARIANT;
     fwd_run(tc, &pb);
     for (int b = 0; b < g_num_backends; b++) {
@@ -153,18 +154,26 @@ static void c_batch_invariant(t_case *tc) {
       if (!fwd_exec(tc, &pb, &all)) continue;
       pb.T = 1; /* row 0 is a prefix of every buffer */
       const int ok = fwd_exec(tc, &pb, &one);
-      pb.T = BI_T;
+      pb.T = T;
       if (ok) {
-        t_check_same(tc, "row 0 out, T=64 vs T=1", all.out, one.out,
-                     (size_t)t_span(pb.N, pb.out_sh, SMLA_DC) * 2);
-        t_check_same(tc, "row 0 lse, T=64 vs T=1", all.lse, one.lse, (size_t)pb.N * 4);
-        t_check_same(tc, "row 0 max_logit, T=64 vs T=1", all.ml, one.ml, (size_t)pb.N * 4);
+        char w[64];
+        snprintf(w, sizeof w, "row 0 out, T=%lld vs T=1", (long long)T);
+        t_check_same(tc, w, all.out, one.out, (size_t)t_span(pb.N, pb.out_sh, SMLA_DC) * 2);
+        snprintf(w, sizeof w, "row 0 lse, T=%lld vs T=1", (long long)T);
+        t_check_same(tc, w, all.lse, one.lse, (size_t)pb.N * 4);
+        snprintf(w, sizeof w, "row 0 max_logit, T=%lld vs T=1", (long long)T);
+        t_check_same(tc, w, all.ml, one.ml, (size_t)pb.N * 4);
         fwd_result_free(&one);
       }
       fwd_result_free(&all);
     }
   }
   fwd_free(&pb);
+}
+
+static void c_batch_invariant(t_case *tc) { batch_invariant(tc, 64, 16, 1024, SMLA_CACHE_FP8_DS); }
+static void c_batch_invariant_many_splits(t_case *tc) {
+  batch_invariant(tc, 8, 32, 2048, SMLA_CACHE_BF16);
 }
 
 /* The same forward twice (on the same plan, and on a fresh plan) gives bitwise identical
@@ -248,10 +257,11 @@ static void c_concurrency(t_case *tc) {
  * kernel for these (fwd_run then also runs the portable kernel). Each mixes what that
  * kernel must handle: random lengths (partial and empty last tiles), planted bad and -1
  * slots, K not a multiple of 64, Dr 0, softcap, sink, padded heads (N = 100), and splits. */
-static void wide(t_case *tc, int64_t T, int N, int K, int dr, float softcap, int sink,
-                 int splits) {
+static void wide_flags(t_case *tc, int64_t T, int N, int K, int dr, float softcap, int sink,
+                       int splits, uint32_t flags) {
   fwd_problem pb;
   fwd_defaults(&pb, T, N, K, dr, SMLA_CACHE_BF16);
+  pb.flags = flags;
   pb.softcap = softcap;
   pb.use_sink = sink;
   pb.num_splits = splits;
@@ -267,38 +277,51 @@ static void wide(t_case *tc, int64_t T, int N, int K, int dr, float softcap, int
   fwd_free(&pb);
 }
 
+static void wide(t_case *tc, int64_t T, int N, int K, int dr, float softcap, int sink,
+                 int splits) {
+  wide_flags(tc, T, N, K, dr, softcap, sink, splits, 0);
+}
+
 static void c_wide_n128(t_case *tc) { wide(tc, 5, 128, 2051, 64, 0.0f, 0, 0); }
 static void c_wide_n64_dr0(t_case *tc) { wide(tc, 4, 64, 700, 0, 0.0f, 1, 0); }
 static void c_wide_n100_softcap(t_case *tc) { wide(tc, 3, 100, 333, 64, 5.0f, 1, 0); }
 static void c_wide_n128_splits(t_case *tc) { wide(tc, 6, 128, 1500, 64, 0.0f, 1, 5); }
 static void c_wide_n48_k1(t_case *tc) { wide(tc, 3, 48, 1, 64, 0.0f, 0, 0); }
 
-/* The sm90 kernel's two merges: forced 2, 4 and 8 splits merge inside the kernel (one
- * cluster per row and head group), 12 through the combine kernel; each against the CPU
- * (and the portable kernel, fwd_run). A plan on an sm90 device must say that it merges
- * in-kernel, so that a lost cluster path cannot pass as the combine kernel. */
+/* The sm90 kernel's two merges: forced 2, 3, 4, 6, 7 and 8 splits merge inside the kernel
+ * (one cluster per row and head group; 3, 6 and 7 own uneven column ranges), 12 and 4
+ * with SMLA_PLAN_SEPARATE_MERGE through the combine kernel (v1, and v4 launched as a
+ * programmatic dependent); each against the CPU (and the portable kernel, fwd_run). On
+ * an sm90 device each plan must say which merge it uses, so that a lost cluster path
+ * cannot pass as the combine kernel. */
 static void c_wide_n128_merges(t_case *tc) {
-  static const int splits[4] = {2, 4, 8, 12};
-  for (int i = 0; i < 4; i++) wide(tc, 4, 128, 1800, 64, 0.0f, 1, splits[i]);
-  for (int b = 0; b < g_num_backends; b++) {
-    smla_context *ctx = t_on(tc, b);
-    if (!ctx || b == T_CPU) continue;
-    smla_plan_desc d;
-    memset(&d, 0, sizeof d);
-    d.max_tokens = 4;
-    d.num_heads = 128;
-    d.topk = 1800;
-    d.dr = 64;
-    d.format = SMLA_CACHE_BF16;
-    d.num_splits = 4;
-    smla_plan *plan = NULL;
-    if (!t_expect_ok(tc, smla_plan_create(ctx, &d, NULL, 0, &plan), ctx, "smla_plan_create"))
-      continue;
-    const char *desc = smla_plan_describe(plan);
-    if (strncmp(desc, "cuda-sm90", 9) == 0)
-      t_expect(tc, strstr(desc, "in-kernel merge for") != NULL,
-               "sm90 plan without the in-kernel merge: %s", desc);
-    smla_plan_destroy(plan);
+  static const struct { int splits; uint32_t flags; int in_kernel; } cfg[8] = {
+      {2, 0, 1}, {3, 0, 1}, {4, 0, 1}, {6, 0, 1}, {7, 0, 1}, {8, 0, 1}, {12, 0, 0},
+      {4, SMLA_PLAN_SEPARATE_MERGE, 0}};
+  for (int i = 0; i < 8; i++) {
+    wide_flags(tc, 4, 128, 1800, 64, 0.0f, 1, cfg[i].splits, cfg[i].flags);
+    for (int b = 0; b < g_num_backends; b++) {
+      smla_context *ctx = t_on(tc, b);
+      if (!ctx || b == T_CPU) continue;
+      smla_plan_desc d;
+      memset(&d, 0, sizeof d);
+      d.max_tokens = 4;
+      d.num_heads = 128;
+      d.topk = 1800;
+      d.dr = 64;
+      d.format = SMLA_CACHE_BF16;
+      d.num_splits = cfg[i].splits;
+      d.flags = cfg[i].flags;
+      smla_plan *plan = NULL;
+      if (!t_expect_ok(tc, smla_plan_create(ctx, &d, NULL, 0, &plan), ctx, "smla_plan_create"))
+        continue;
+      const char *desc = smla_plan_describe(plan);
+      if (strncmp(desc, "cuda-sm90", 9) == 0)
+        t_expect(tc, (strstr(desc, "merged in-kernel") != NULL) == cfg[i].in_kernel,
+                 "%d splits (flags 0x%x): the plan should%s merge in-kernel: %s",
+                 cfg[i].splits, (unsigned)cfg[i].flags, cfg[i].in_kernel ? "" : " not", desc);
+      smla_plan_destroy(plan);
+    }
   }
 }
 
@@ -309,10 +332,11 @@ void t_register_forward_more_cases(void) {
   t_register("forward_wide_n100_softcap_sink", c_wide_n100_softcap);
   t_register("forward_wide_n128_splits5", c_wide_n128_splits);
   t_register("forward_wide_n48_k1", c_wide_n48_k1);
-  t_register("forward_wide_n128_merges_2_4_8_12", c_wide_n128_merges);
+  t_register("forward_wide_n128_merges", c_wide_n128_merges);
   t_register("forward_caller_workspace", c_caller_workspace);
   t_register("forward_T_below_max_tokens", c_t_below_max);
   t_register("forward_batch_invariant", c_batch_invariant);
+  t_register("forward_batch_invariant_many_splits", c_batch_invariant_many_splits);
   t_register("forward_determinism", c_determinism);
   t_register("forward_concurrency_4_threads", c_concurrency);
 }

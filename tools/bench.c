@@ -393,7 +393,8 @@ typedef struct bench_opts {
   int64_t tokens[BENCH_MAX_LIST];
   int num_tokens;
   int topk, dr, threads, use_graph;
-  int splits, portable; /* --splits (0: the plan picks), --portable */
+  int splits, portable, separate; /* --splits (0: the plan picks), --portable,
+                                     --separate-merge */
   smla_cache_format format;
   int64_t slots;
   int reps; /* 0: the device's default */
@@ -428,14 +429,16 @@ static void bench_usage(FILE *f) {
           "usage: smla bench [--preset decode|prefill] [--device cpu|N] [-N list] [-T list]\n"
           "                  [-K 2048] [--dr 0|64] [--format bf16|fp8_tensor|fp8_ds]\n"
           "                  [--slots 262144] [--reps R] [--seed S] [--threads N]\n"
-          "                  [--no-graph] [--splits S] [--portable] [--json FILE]\n"
+          "                  [--no-graph] [--splits S] [--portable] [--separate-merge]\n"
+          "                  [--json FILE]\n"
           "  Times smla_forward at DeepSeek-V3.2 shapes over a random KV pool of --slots\n"
           "  rows. Presets: decode T = 1,2,4,8,16,32,64; prefill T = 256,...,4096.\n"
           "  Defaults: GPU 0 if there is one, else the CPU; N = 16,128; reps %d on a GPU,\n"
           "  %d..%d on the CPU (as many as fit in about %.0f s per shape).\n"
           "  Lists are comma-separated (-N 16,128 -T 1,64). --splits forces the KV split\n"
           "  count (desc.num_splits); --portable asks for SMLA_PLAN_PORTABLE (on H100/H200:\n"
-          "  the generic mma.sync kernel instead of the wgmma one).\n",
+          "  the generic mma.sync kernel instead of the wgmma one); --separate-merge asks\n"
+          "  for SMLA_PLAN_SEPARATE_MERGE (splits merged by the combine kernel only).\n",
           BENCH_GPU_REPS, BENCH_CPU_MIN_REPS, BENCH_CPU_MAX_REPS, BENCH_CPU_BUDGET_S);
 }
 
@@ -679,8 +682,9 @@ static int bench_shape_run(const tool_device *d, const bench_opts *o, const benc
 
   /* One plan per shape, made for exactly this T, as an engine that captures a graph per
    * batch size would. */
-  if (tool_plan(d, T, N, K, dr, o->format, o->splits, o->portable ? SMLA_PLAN_PORTABLE : 0,
-                &b.plan))
+  const uint32_t flags = (o->portable ? SMLA_PLAN_PORTABLE : 0u) |
+                         (o->separate ? SMLA_PLAN_SEPARATE_MERGE : 0u);
+  if (tool_plan(d, T, N, K, dr, o->format, o->splits, flags, &b.plan))
     goto done;
   snprintf(row->path, sizeof row->path, "%s", smla_plan_describe(b.plan));
   tool_forward_params(&b.base, T, N, K, cache, NULL, NULL, out, lse, bad);
@@ -794,6 +798,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
       used = 0;
     } else if (strcmp(a, "--portable") == 0) {
       o->portable = 1;
+      used = 0;
+    } else if (strcmp(a, "--separate-merge") == 0) {
+      o->separate = 1;
       used = 0;
     } else if (!v) {
       fprintf(stderr, "smla bench: %s needs a value\n", a);

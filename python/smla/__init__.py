@@ -31,6 +31,7 @@ CACHE_FP8_TENSOR = _lib.CACHE_FP8_TENSOR
 CACHE_FP8_DS = _lib.CACHE_FP8_DS
 PLAN_BATCH_INVARIANT = _lib.PLAN_BATCH_INVARIANT
 PLAN_PORTABLE = _lib.PLAN_PORTABLE
+PLAN_SEPARATE_MERGE = _lib.PLAN_SEPARATE_MERGE
 DC = _lib.DC
 MAX_HEADS = _lib.MAX_HEADS
 # True when torch was importable (and SMLA_NO_TORCH is not 1): torch tensors and the
@@ -69,5 +70,5 @@ __all__ = [
     "cache_row_size", "cache_write", "compat", "convert_indices", "empty_aligned",
     "f32_from_bf16", "forward", "has_cuda", "library_path", "merge_states", "prepare_plans",
     "set_num_threads", "version", "CACHE_BF16", "CACHE_FP8_TENSOR", "CACHE_FP8_DS",
-    "PLAN_BATCH_INVARIANT", "PLAN_PORTABLE", "DC", "MAX_HEADS", "HAVE_TORCH",
+    "PLAN_BATCH_INVARIANT", "PLAN_PORTABLE", "PLAN_SEPARATE_MERGE", "DC", "MAX_HEADS", "HAVE_TORCH",
 ]

@@ -305,7 +305,8 @@ class Plan:
       num_heads: N, 1..128.  topk: K >= 1 (index width per row).  dr: 64 or 0.
       format: "bf16", "fp8_tensor", "fp8_ds" (or smla.CACHE_*).
       max_tokens: the largest T it serves.  device: "cpu", "cuda", "cuda:N", an ordinal
-      or a torch.device.  flags: smla.PLAN_BATCH_INVARIANT | smla.PLAN_PORTABLE.
+      or a torch.device.  flags: smla.PLAN_BATCH_INVARIANT | smla.PLAN_PORTABLE |
+      smla.PLAN_SEPARATE_MERGE.
       num_splits: KV splits per row (0 = the plan chooses per T).
 
     Make plans before CUDA graph capture (creation allocates and queries the device);

@@ -388,7 +388,8 @@ static void plan_choice(const smla_plan *plan, fwd_choice *c) {
   c->groups = (int)ceil_div(plan->desc.num_heads, plan->heads_per_block);
   c->ntiles = (int)ceil_div(plan->desc.topk, SMLA_CUDA_FWD_BN);
   c->gather_bytes = (int)smla_cache_row_size(plan->desc.format, plan->desc.dr);
-  c->merge_clusters = c->sm90 ? plan->merge_clusters : NULL;
+  c->merge_clusters =
+      c->sm90 && !(plan->desc.flags & SMLA_PLAN_SEPARATE_MERGE) ? plan->merge_clusters : NULL;
 }
 
 /* Splits for a forward of T rows under the plan's policy, and whether they merge in the
@@ -469,27 +470,31 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   case SMLA_CACHE_FP8_TENSOR: e = smla_cuda_fwd_prepare_fp8(&c.cfg, st->smem_optin); break;
   default: e = smla_cuda_fwd_prepare_ds(&c.cfg, st->smem_optin); break;
   }
-  if (e == cudaSuccess) e = smla_cuda_merge_prepare();
+  if (e == cudaSuccess) e = smla_cuda_merge_prepare(&plan->combine_pdl);
   s = launched(ctx, prev, e, "smla_plan_create: cudaFuncSetAttribute");
   if (s != SMLA_OK) return s;
   /* sm90: forwards of 2..8 splits merge inside the kernel (one cluster per (t, head
    * group)) where such a cluster can be resident; the others use the combine kernel. */
+  /* A device or driver without cluster launch (the query fails, or says 0) gets the
+   * combine kernel for every split count. */
   memset(plan->merge_clusters, 0, sizeof plan->merge_clusters);
   int merge_lo = 0, merge_hi = 0;
-  if (sm90) {
+  if (sm90 && !(d->flags & SMLA_PLAN_SEPARATE_MERGE)) {
     s = device_enter(ctx, fn, &prev);
     if (s != SMLA_OK) return s;
-    for (int k = 2; k <= 8 && e == cudaSuccess; k++) {
+    for (int k = 2; k <= 8; k++) {
       int n = 0;
-      e = smla_cuda_fwd90_cluster_capacity(d->dr, k, &n);
-      if (e == cudaSuccess && n > 0) {
+      if (smla_cuda_fwd90_cluster_capacity(d->dr, k, &n) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky: clear it for later launch checks */
+        n = 0;
+      }
+      if (n > 0) {
         plan->merge_clusters[k] = n;
         if (!merge_lo) merge_lo = k;
         merge_hi = k;
       }
     }
-    s = launched(ctx, prev, e, "smla_plan_create: cudaOccupancyMaxActiveClusters");
-    if (s != SMLA_OK) return s;
+    device_leave(ctx, prev);
   }
   char merge[128] = "";
   if (merge_lo) {
@@ -642,7 +647,8 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p, v
   m.max_logit_stride_t = p->max_logit_stride_t;
   m.sink = p->sink;
   m.dense = 1; /* the forward writes every partial row (zeros where lse = -inf) */
-  m.pdl = c.sm90;  /* the sm90 forward triggers its dependents after its tile loop */
+  m.pdl = c.sm90 && plan->combine_pdl; /* the sm90 forward triggers it after its tile loop */
+  m.fixed_order = (plan->desc.flags & SMLA_PLAN_BATCH_INVARIANT) != 0;
   return launched(ctx, prev, smla_cuda_merge(&m, stream), "smla_forward: combine kernel");
 }
 

@@ -86,12 +86,17 @@ typedef struct smla_cuda_merge_args {
   int pdl;                     /* 1: launched as a programmatic dependent of the previous
                                   kernel on the stream (the sm90 forward, which triggers it
                                   after its tile loop); the merge waits for its completion */
+  int fixed_order;             /* 1: the summation order may depend on P only, not on T or
+                                  N (batch-invariant plans): no merge3_kernel */
 } smla_cuda_merge_args;
 
 cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stream);
-/* Once per process and device: the merge kernels ask for the shared-memory carveout the
- * forward kernels use, so that the SMs are not reconfigured between the two. */
-cudaError_t smla_cuda_merge_prepare(void);
+/* At plan creation, on the plan's device: the merge kernels ask for the shared-memory
+ * carveout the forward kernels use (so that the SMs are not reconfigured between the
+ * two), and *pdl_ok says whether the combine's binary can wait for a programmatic launch
+ * (its griddepcontrol.wait exists in sm_90+ code only: a build JIT-compiled from sm_80
+ * PTX must not be launched as a dependent). */
+cudaError_t smla_cuda_merge_prepare(int *pdl_ok);
 
 /* ---- 4. forward (forward_bf16.cu, forward_fp8.cu, forward_ds.cu) ----------------------- */
 

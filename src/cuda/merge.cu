@@ -297,7 +297,8 @@ __global__ void __launch_bounds__(MERGE3_WARPS * 32) merge3_kernel(const smla_cu
  * lse, the weights and the sum are computed in registers by every lane alike: one L2
  * round trip per row instead of v1's three (lse, lse again for the weights behind a
  * barrier, partials). Same arithmetic as v1 (lse, weights, p-ordered sum, sink factor,
- * NaN and -inf rules). Picked by P alone (not T), so a batch-invariant plan keeps it. */
+ * NaN and -inf rules). Picked by P alone (not T), so a batch-invariant plan keeps it;
+ * for P > 8 such a plan gets v1 at every T (a.fixed_order: v3 sums in another order). */
 #define MERGE4_WARPS 4
 #ifndef SMLA_COMBINE_PDL /* 0: the combine after the sm90 forward is a plain launch (A/B) */
 #define SMLA_COMBINE_PDL 1
@@ -420,7 +421,7 @@ extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stre
     return cudaLaunchKernelExC(&c, k4[P - 2], args);
   }
   /* v3 where v1 has too few blocks to hide its dependent rounds (see merge3_kernel). */
-  if (vec && a->num_partials >= 8 && blocks <= MERGE3_MAX_ROWS)
+  if (vec && a->num_partials >= 8 && blocks <= MERGE3_MAX_ROWS && !a->fixed_order)
     merge3_kernel<<<(unsigned)blocks3, MERGE3_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
   else if (vec)
     merge_kernel<1><<<(unsigned)blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
@@ -429,7 +430,12 @@ extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stre
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t smla_cuda_merge_prepare(void) {
+extern "C" cudaError_t smla_cuda_merge_prepare(int *pdl_ok) {
+  *pdl_ok = 0;
+  cudaFuncAttributes fa;
+  const cudaError_t e4 = cudaFuncGetAttributes(&fa, (const void *)merge4_kernel<2>);
+  if (e4 != cudaSuccess) return e4;
+  *pdl_ok = fa.binaryVersion >= 90;
   if (!SMLA_MERGE_CARVEOUT) return cudaSuccess;
   const void *const k[10] = {
       (const void *)merge_kernel<0>,  (const void *)merge_kernel<1>,

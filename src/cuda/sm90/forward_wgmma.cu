@@ -143,7 +143,7 @@ __device__ __forceinline__ float w_cluster_factor(const smla_cuda_fwd_args &a, i
 
 /* Block `me` of the cluster sums its columns over the S splits (its own from the staged
  * ost, the others' from their partial rows, written before the barrier) and stores them
- * as bf16: every load of a thread issued before the first add (up to 36 x 16 bytes). */
+ * as bf16: every load of a thread issued before the first add (up to 33 x 16 bytes). */
 template <int S>
 __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64_t t, int h0,
                                               int me, const float *ost, int tid) {
