@@ -473,9 +473,9 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   if (e == cudaSuccess) e = smla_cuda_merge_prepare(&plan->combine_pdl);
   s = launched(ctx, prev, e, "smla_plan_create: cudaFuncSetAttribute");
   if (s != SMLA_OK) return s;
-  /* sm90: forwards of 2..8 splits merge inside the kernel (one cluster per (t, head
-   * group)) where such a cluster can be resident; the others use the combine kernel. */
-  /* A device or driver without cluster launch (the query fails, or says 0) gets the
+  /* sm90: forwards of 2..8 splits may merge inside the kernel (one cluster per (t, head
+   * group)) where such a cluster can be resident; the cost model picks per split count.
+   * A device or driver without cluster launch (the query fails, or says 0) gets the
    * combine kernel for every split count. */
   memset(plan->merge_clusters, 0, sizeof plan->merge_clusters);
   int merge_lo = 0, merge_hi = 0;

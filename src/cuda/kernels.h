@@ -212,8 +212,7 @@ uint32_t smla_cuda_fwd90_smem_bytes(int dr);
 cudaError_t smla_cuda_fwd90_prepare(int dr, int max_smem);
 cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *a, void *stream);
 /* How many clusters of `splits` blocks of the sm90 forward can be resident at once (0: a
- * cluster of that size cannot run, or the in-kernel merge is compiled out). Call after
- * smla_cuda_fwd90_prepare. */
+ * cluster of that size cannot run). Call after smla_cuda_fwd90_prepare. */
 cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int splits, int *clusters);
 
 #ifdef __cplusplus

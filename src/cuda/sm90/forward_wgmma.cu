@@ -103,10 +103,8 @@ __device__ __forceinline__ uint32_t w_chunk(int r, int c) {
  * exp(m_k - M) / (L + sink term) (the same M and L in every block: same order of
  * reads and sums), writes the columns it does not own to its partial rows, and after a
  * second cluster barrier sums the S values of the columns it owns: 8-column units
- * [64 k / S, 64 (k + 1) / S) for block k. Off with -DSMLA_FWD90_CLUSTER=0 (A/B builds). */
-#ifndef SMLA_FWD90_CLUSTER
-#define SMLA_FWD90_CLUSTER 1
-#endif
+ * [64 k / S, 64 (k + 1) / S) for block k. The A/B against the combine kernel is a plan
+ * flag (SMLA_PLAN_SEPARATE_MERGE, `smla bench --separate-merge`), not a build. */
 
 /* Row `row`'s weight of this block's O in the cluster's merged row, and (writer) the
  * merged lse and max_logit. red_s, rowmax_s: shared addresses of red and rowmax. */
@@ -507,7 +505,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   static_assert(W_HEADS * W_OST_STRIDE * 4 <= 2 * TILE + W_KB_BYTES, "staged O: KV + P");
   float *ost = (float *)(smem + L.kv);
   void **dst_s = (void **)(smem + L.q); /* per row: its output row, or NULL */
-  const bool cmerge = SMLA_FWD90_CLUSTER && a.cluster_merge;
+  const bool cmerge = a.cluster_merge != 0;
   /* Every split's m and l (red, rowmax_s, written before the barrier above) published to
    * the cluster. Nothing in red and rowmax_s changes after this. */
   if (cmerge) cluster_sync_acq_rel();
@@ -646,7 +644,7 @@ static const void *w_kernel(int dr) {
 
 extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int splits, int *clusters) {
   *clusters = 0;
-  if (!SMLA_FWD90_CLUSTER || splits < 2 || splits > 8) return cudaSuccess;
+  if (splits < 2 || splits > 8) return cudaSuccess;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t c = w_config((unsigned)splits, smla_cuda_fwd90_smem_bytes(dr), splits,
                                   NULL, &attr);
@@ -658,7 +656,7 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *
   const int64_t blocks = a->num_tokens * a->groups * a->num_splits;
   if (blocks <= 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  if (a->cluster_merge && (!SMLA_FWD90_CLUSTER || a->num_splits < 2 || a->num_splits > 8))
+  if (a->cluster_merge && (a->num_splits < 2 || a->num_splits > 8))
     return cudaErrorInvalidValue;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t c = w_config((unsigned)blocks, smla_cuda_fwd90_smem_bytes(dr),
