@@ -52,6 +52,27 @@
 #ifndef SMLA_FWD90_WS
 #define SMLA_FWD90_WS 1
 #endif
+/* L2 prefetch distance of the gather warpgroup, in tiles (0: none). At the top of
+ * iteration j, before it waits for stage j % 2 to free, it asks L2 for the rows of tile
+ * j + PF (cp.async.bulk.prefetch, one instruction per row), so that the cp.async of that
+ * tile, PF - 1 tile times later, reads L2 rather than HBM. Measured in bench/RESULTS.md. */
+#ifndef SMLA_FWD90_L2PF
+#define SMLA_FWD90_L2PF 0
+#endif
+/* PV as one m64n256k16 per k-step (P read once per warpgroup and k-step) instead of two
+ * m64n128k16. Measured in bench/RESULTS.md. */
+#ifndef SMLA_FWD90_N256
+#define SMLA_FWD90_N256 0
+#endif
+/* v7 (the kernel's EARLY instance): where tile j+1 has landed when PV(j) is issued, S(j+1)
+ * is queued right behind it, before PV(j) is waited for, so that the tensor cores go from
+ * one to the other without the wait, the empty arrival and the full wait in between.
+ * Measured (bench/RESULTS.md, 2026-12-04): 3-6% faster at 32 tiles a block and more
+ * (T >= 64, N = 128), 1% slower at 8-16 (T = 16, 32), so the launch takes it from
+ * W_EARLY_MIN_TILES tiles a split on. Needs the gather warpgroup (SMLA_FWD90_WS). */
+#define W_EARLY_MIN_TILES 32
+#define W_EARLY (SMLA_FWD90_WS && EARLY)
+#define W_PF_SLOTS (SMLA_FWD90_L2PF > 1 ? SMLA_FWD90_L2PF : 1)
 /* The epilogue stages O in shared memory and stores whole rows (measured against
  * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
 #define W_OST_STRIDE 520
@@ -85,7 +106,7 @@ __host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
   l.p = l.kv + 2u * tile;
   l.red = l.p + W_KB_BYTES;      /* [2][64] float */
   l.rowmax = l.red + 2u * 64u * 4u; /* [64] float */
-  l.mask = l.rowmax + 64u * 4u;  /* [4][64] uint8 (not with SMLA_FWD90_WS) */
+  l.mask = l.rowmax + 64u * 4u;  /* [4][64] uint8 (not with SMLA_FWD90_WS; v7: [2] flags) */
   l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2] (SMLA_FWD90_WS) */
   l.total = l.bar + 4u * 8u;
   return l;
@@ -181,7 +202,14 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
   }
 }
 
-template <int DR>
+/* One row's L2 prefetch by the lane that owns it (lanes 0..15; 16..31 repeat the rows). */
+__device__ __forceinline__ void w_prefetch_row(const smla_cuda_fwd_args &a, int32_t slot,
+                                               int lane, int dqk) {
+  if (lane < 16 && slot >= 0 && (int64_t)slot < a.num_slots)
+    prefetch_l2_bulk(a.cache + (int64_t)slot * a.row_bytes, (uint32_t)(2 * dqk));
+}
+
+template <int DR, bool EARLY>
 __global__ void __launch_bounds__(W_BLOCK, 1)
     fwd90_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
   constexpr int BN = FWD_BN;
@@ -243,8 +271,16 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     if (ntiles > 0) {
       const int pw = (tid - W_THREADS) >> 5, cl = lane & 7, rl = lane >> 3;
       const int my_row = 16 * pw + (lane & 15);
-      /* Tile 0's slots first: their load's latency runs under the Q issue. */
-      int32_t sn = slot_at(slot_row, ks, kend, 0, my_row);
+      /* Tile 0's slots first: their load's latency runs under the Q issue. sn[d]: the
+       * slot of this lane's row in tile j + 1 + d (at the top of iteration j). */
+      int32_t sc = slot_at(slot_row, ks, kend, 0, my_row), sn[W_PF_SLOTS];
+#pragma unroll
+      for (int d = 0; d < W_PF_SLOTS; d++) sn[d] = slot_at(slot_row, ks, kend, 1 + d, my_row);
+#if SMLA_FWD90_L2PF
+      /* Tiles 2 .. PF - 1 (tile 1 is issued at once; the loop prefetches tile j + PF). */
+#pragma unroll
+      for (int d = 1; d + 1 < W_PF_SLOTS; d++) w_prefetch_row(a, sn[d], lane, DQK);
+#endif
 #pragma unroll 1
       for (int rg = 0; rg < 4; rg++) {
         const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
@@ -256,9 +292,10 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #pragma unroll 1
       for (int j = 0; j < ntiles; j++) {
         const uint32_t st = (uint32_t)(j & 1);
+#if SMLA_FWD90_L2PF
+        w_prefetch_row(a, sn[W_PF_SLOTS - 1], lane, DQK); /* tile j + PF, before the wait */
+#endif
         if (j >= 2) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
-        const int32_t sc = sn;
-        if (j + 1 < ntiles) sn = slot_at(slot_row, ks, kend, j + 1, my_row);
         unsigned nb = 0;
         const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
         bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
@@ -267,7 +304,10 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         for (int rg = 0; rg < 4; rg++) {
           const int rr = 4 * rg + rl, row = 16 * pw + rr;
           const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
-          const int u = __shfl_sync(0xffffffffu, u_mine, rr);
+          int u = __shfl_sync(0xffffffffu, u_mine, rr);
+#ifdef SMLA_FWD90_READROWS /* measurement only: rows past it are zero-filled, not read */
+          u = u && row < SMLA_FWD90_READROWS;
+#endif
           const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
 #pragma unroll
           for (int cb = 0; cb < KB; cb++)
@@ -275,6 +315,11 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         }
         mbar_arrive_cp_async_noinc(full_b + 8u * st); /* this thread's arrival, once its
                                                          copies have landed */
+        sc = sn[0];
+#pragma unroll
+        for (int d = 0; d + 1 < W_PF_SLOTS; d++) sn[d] = sn[d + 1];
+        if (j + 1 + W_PF_SLOTS < ntiles)
+          sn[W_PF_SLOTS - 1] = slot_at(slot_row, ks, kend, j + 1 + W_PF_SLOTS, my_row);
       }
     }
   } else {
@@ -334,11 +379,50 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       slot_at(slot_row, ks, kend, (jj), wg * 32 + (q_ >> 1) * 8 + 2 * tig + (q_ & 1))
     W_LOAD_SLOTS(0);
 #endif
+    /* S = Q K^T of the tile in stage kvb_: all 64 heads x this warpgroup's 32 entries. */
+#define W_ISSUE_S(kvb_)                                                                    \
+  do {                                                                                     \
+    uint32_t qs_ = q_s;                                                                    \
+    if (W_EARLY) /* not hoisted out of the loop: 36 live descriptors would spill */          \
+      asm volatile("mov.u32 %0, %1;" : "=r"(qs_) : "r"(q_s));                              \
+    _Pragma("unroll") for (int i_ = 0; i_ < 16; i_++) s[i_] = 0.0f;                        \
+    wg_fence();                                                                            \
+    _Pragma("unroll") for (int kb_ = 0; kb_ < KB; kb_++)                                   \
+    _Pragma("unroll") for (int k4_ = 0; k4_ < 4; k4_++)                                    \
+      wgmma_m64n32k16_ss(s, wg_desc(qs_ + kb_ * W_KB_BYTES + k4_ * 32, 16, 1024),          \
+                         wg_desc((kvb_) + kb_ * W_KB_BYTES + wg * 32 * 128 + k4_ * 32, 16,  \
+                                 1024));                                                   \
+    wg_commit();                                                                           \
+  } while (0)
+    float s[16];
+#if SMLA_FWD90_WS
+    /* EARLY: the used-entry bits of the next S, made from cslot before that S is issued (its 8
+     * slots are not live across the wgmma then). */
+    unsigned um_next = 0;
+#define W_MASK_NEXT()                                                                      \
+  do {                                                                                     \
+    um_next = 0;                                                                           \
+    _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) um_next |=                            \
+        (cslot[q_] >= 0 && (int64_t)cslot[q_] < a.num_slots ? 1u : 0u) << q_;              \
+  } while (0)
+    if (EARLY) {
+      W_MASK_NEXT();
+      mbar_wait(full_b, 0u); /* tile 0 (and Q) */
+      fence_proxy_async();
+#if SMLA_FWD90_PROBE
+      pr1 = probe_ns();
+#endif
+      W_ISSUE_S(kv_s);
+      wg_wait<0>(); /* no wgmma in flight where the loop begins or loops */
+    }
+#endif
     for (int j = 0; j < ntiles; j++) {
       const uint32_t kvb = kv_s + (uint32_t)(j & 1) * TILE;
 #if SMLA_FWD90_WS
-      mbar_wait(full_b + 8u * (uint32_t)(j & 1), (uint32_t)((j >> 1) & 1)); /* tile j (and Q) */
-      fence_proxy_async(); /* the gather warp's copies, seen here, visible to wgmma */
+      if (!EARLY) { /* (EARLY: S(j) has completed, at the end of the last iteration) */
+        mbar_wait(full_b + 8u * (uint32_t)(j & 1), (uint32_t)((j >> 1) & 1)); /* tile j, Q */
+        fence_proxy_async(); /* the gather warp's copies, seen here, visible to wgmma */
+      }
 #else
       cp_async_wait<0>(); /* tile j (and Q) landed for this thread: the only group out */
       fence_proxy_async(); /* ...and is visible to wgmma's reads */
@@ -351,21 +435,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       if (j == 0) pr1 = probe_ns();
 #endif
 
-      /* ---- S = Q K^T: all 64 heads x this warpgroup's 32 entries ---- */
-      float s[16];
-#pragma unroll
-      for (int i = 0; i < 16; i++) s[i] = 0.0f;
-      wg_fence();
-#pragma unroll
-      for (int kb = 0; kb < KB; kb++)
-#pragma unroll
-        for (int k4 = 0; k4 < 4; k4++) {
-          const uint64_t da = wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024);
-          const uint64_t db =
-              wg_desc(kvb + kb * W_KB_BYTES + wg * 32 * 128 + k4 * 32, 16, 1024);
-          wgmma_m64n32k16_ss(s, da, db);
-        }
-      wg_commit();
+      if (!W_EARLY) W_ISSUE_S(kvb);
 #if !SMLA_FWD90_WS
       /* The gathers of tile j+1 are issued while the tensor cores work on S(j). */
       if (j + 1 < ntiles) W_ISSUE_TILE(j + 1, kv_s + (uint32_t)((j + 1) & 1) * TILE);
@@ -378,10 +448,13 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       /* ---- online softmax: scale, softcap, mask; row max across both warpgroups ---- */
 #if SMLA_FWD90_WS
       /* Bit 2 nb + (e & 1): this thread's entry of column block nb is used. */
-      unsigned um = 0;
+      unsigned um = um_next; /* EARLY: made from cslot before S(j) was issued */
+      if (!EARLY) {
+        um = 0;
 #pragma unroll
-      for (int q = 0; q < 8; q++)
-        um |= (cslot[q] >= 0 && (int64_t)cslot[q] < a.num_slots ? 1u : 0u) << q;
+        for (int q = 0; q < 8; q++)
+          um |= (cslot[q] >= 0 && (int64_t)cslot[q] < a.num_slots ? 1u : 0u) << q;
+      }
       if (j + 1 < ntiles) W_LOAD_SLOTS(j + 1);
 #define W_USED(nb, e) ((um >> (2 * (nb) + ((e) & 1))) & 1u)
 #else
@@ -446,6 +519,11 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #pragma unroll
       for (int k = 0; k < BN / 16; k++) {
         const uint64_t da = wg_desc(p_s + k * 32, 16, 1024);
+#if SMLA_FWD90_N256
+        wgmma_m64n256k16_ss_tb(&O[0][0], da,
+                               wg_desc(kvb + (uint32_t)(4 * wg * W_KB_BYTES + k * 16 * 128),
+                                       W_KB_BYTES, 1024));
+#else
 #pragma unroll
         for (int h = 0; h < 2; h++) {
           const uint64_t db =
@@ -453,17 +531,67 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
                       W_KB_BYTES, 1024);
           wgmma_m64n128k16_ss_tb(O[h], da, db);
         }
+#endif
       }
       wg_commit();
+#if SMLA_FWD90_WS
+      if (EARLY) {
+      /* Tile j+1 landed: S(j+1) queued behind PV(j), then PV(j) waited for. Not yet: PV(j)
+       * waited for and stage j % 2 released first (the gathers of tile j+2 must not wait
+       * for tile j+1), then S(j+1). One thread of the warpgroup decides for all four
+       * warps (wgmma is warpgroup-wide), through a flag and the warpgroup's own barrier. */
+#define W_PV_DONE()                                                                        \
+  do {                                                                                     \
+    _Pragma("unroll") for (int h_ = 0; h_ < 2; h_++)                                       \
+    _Pragma("unroll") for (int i_ = 0; i_ < 64; i_++) wg_pin(O[h_][i_]);                   \
+    if (lane == 0) mbar_arrive(empty_b + 8u * (uint32_t)(j & 1)); /* the stage is free */  \
+  } while (0)
+      if (j + 1 < ntiles) {
+        const uint32_t full1 = full_b + 8u * (uint32_t)((j + 1) & 1);
+        const uint32_t par1 = (uint32_t)(((j + 1) >> 1) & 1);
+        volatile uint32_t *ready_s = (volatile uint32_t *)(smem + L.mask) + wg;
+        W_MASK_NEXT();
+        if ((tid & 127) == 0) *ready_s = mbar_test(full1, par1);
+        if (wg) named_bar_sync(3, 128); else named_bar_sync(2, 128); /* ids known to ptxas */
+        if (*ready_s) {
+          mbar_wait(full1, par1); /* complete: returns at once, with acquire */
+          fence_proxy_async();
+          W_ISSUE_S(kv_s + (uint32_t)((j + 1) & 1) * TILE);
+          wg_wait<1>();
+          W_PV_DONE();
+        } else {
+          wg_wait<0>();
+          W_PV_DONE();
+          mbar_wait(full1, par1);
+          fence_proxy_async();
+          W_ISSUE_S(kv_s + (uint32_t)((j + 1) & 1) * TILE);
+        }
+      } else {
+        wg_wait<0>();
+        W_PV_DONE();
+      }
+      wg_wait<0>(); /* S(j+1) */
+#undef W_PV_DONE
+      } else {
+        wg_wait<0>();
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+          for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
+        if (lane == 0) mbar_arrive(empty_b + 8u * (uint32_t)(j & 1)); /* the stage is free */
+      }
+#else
       wg_wait<0>();
 #pragma unroll
       for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
-#if SMLA_FWD90_WS
-      if (lane == 0) mbar_arrive(empty_b + 8u * (uint32_t)(j & 1)); /* the stage is free */
 #endif
     }
+#undef W_ISSUE_S
+#if SMLA_FWD90_WS
+#undef W_MASK_NEXT
+#endif
 #if SMLA_FWD90_PROBE
     pr2 = probe_ns();
 #endif
@@ -614,11 +742,18 @@ extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr) {
   return w_layout_of(dr).total + 1024u; /* + slack to align the base to 1024 */
 }
 
+/* The kernel for a Dr and whether it pipelines S behind PV (v7, W_EARLY_MIN_TILES). */
+static const void *w_kernel(int dr, bool early) {
+  if (dr == 64) return early ? (const void *)fwd90_kernel<64, true> : (const void *)fwd90_kernel<64, false>;
+  return early ? (const void *)fwd90_kernel<0, true> : (const void *)fwd90_kernel<0, false>;
+}
+
 extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int max_smem) {
-  return dr == 64 ? cudaFuncSetAttribute(fwd90_kernel<64>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem)
-                  : cudaFuncSetAttribute(fwd90_kernel<0>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+  cudaError_t e = cudaSuccess;
+  for (int early = 0; early < 2 && e == cudaSuccess; early++)
+    e = cudaFuncSetAttribute(w_kernel(dr, early != 0),
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+  return e;
 }
 
 /* A launch configuration of the forward: clusters of `cluster` blocks (1: none). */
@@ -638,17 +773,13 @@ static cudaLaunchConfig_t w_config(unsigned blocks, uint32_t smem, int cluster, 
   return c;
 }
 
-static const void *w_kernel(int dr) {
-  return dr == 64 ? (const void *)fwd90_kernel<64> : (const void *)fwd90_kernel<0>;
-}
-
 extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int splits, int *clusters) {
   *clusters = 0;
   if (splits < 2 || splits > 8) return cudaSuccess;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t c = w_config((unsigned)splits, smla_cuda_fwd90_smem_bytes(dr), splits,
                                   NULL, &attr);
-  return cudaOccupancyMaxActiveClusters(clusters, w_kernel(dr), &c);
+  return cudaOccupancyMaxActiveClusters(clusters, w_kernel(dr, false), &c); /* both alike */
 }
 
 extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *a,
@@ -662,5 +793,6 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *
   cudaLaunchConfig_t c = w_config((unsigned)blocks, smla_cuda_fwd90_smem_bytes(dr),
                                   a->cluster_merge ? a->num_splits : 1, stream, &attr);
   void *args[1] = {(void *)a};
-  return cudaLaunchKernelExC(&c, w_kernel(dr), args);
+  const bool early = SMLA_FWD90_WS && (a->split_len + 63) / 64 >= W_EARLY_MIN_TILES;
+  return cudaLaunchKernelExC(&c, w_kernel(dr, early), args);
 }
