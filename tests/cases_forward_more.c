@@ -287,6 +287,11 @@ static void c_wide_n64_dr0(t_case *tc) { wide(tc, 4, 64, 700, 0, 0.0f, 1, 0); }
 static void c_wide_n100_softcap(t_case *tc) { wide(tc, 3, 100, 333, 64, 5.0f, 1, 0); }
 static void c_wide_n128_splits(t_case *tc) { wide(tc, 6, 128, 1500, 64, 0.0f, 1, 5); }
 static void c_wide_n48_k1(t_case *tc) { wide(tc, 3, 48, 1, 64, 0.0f, 0, 0); }
+/* One split of 33 tiles (34 with Dr 0): on an sm90 device the v7 instance of the wgmma
+ * kernel (S(j+1) queued behind PV(j), from 32 tiles a split), with an odd tile count, an
+ * empty row and a random length each. */
+static void c_wide_n128_unsplit(t_case *tc) { wide(tc, 3, 128, 2051, 64, 0.0f, 1, 1); }
+static void c_wide_n64_dr0_unsplit(t_case *tc) { wide(tc, 3, 64, 2150, 0, 5.0f, 0, 1); }
 
 /* The sm90 kernel's two merges: forced 2, 3, 4, 6, 7 and 8 splits merge inside the kernel
  * (one cluster per row and head group; 3, 6 and 7 own uneven column ranges), 12 and 4
@@ -328,6 +333,8 @@ static void c_wide_n128_merges(t_case *tc) {
 void t_register_forward_more_cases(void) {
   t_register("forward_num_splits_1_3_7", c_num_splits);
   t_register("forward_wide_n128_k2051", c_wide_n128);
+  t_register("forward_wide_n128_unsplit", c_wide_n128_unsplit);
+  t_register("forward_wide_n64_dr0_unsplit", c_wide_n64_dr0_unsplit);
   t_register("forward_wide_n64_dr0_sink", c_wide_n64_dr0);
   t_register("forward_wide_n100_softcap_sink", c_wide_n100_softcap);
   t_register("forward_wide_n128_splits5", c_wide_n128_splits);

@@ -30,6 +30,10 @@
  * tile j (8 lanes per row, 4 rows per instruction) and arrives on full; the compute
  * warpgroups wait on full, S(j), softmax (named barrier for the row max), P written,
  * named barrier, PV(j), one arrival per warp on empty.
+ * Per tile j (v7, the EARLY instance, from 32 tiles a split): as v3, but after PV(j) is
+ * issued, if tile j+1 has landed (one thread of the warpgroup tests full and tells the
+ * others), S(j+1) is issued behind it and PV(j) waited for after; else PV(j) is waited
+ * for and its stage released first, then S(j+1) issued once tile j+1 lands.
  * Epilogue: the final row (one split), a partial row for the combine kernel, or with
  * a.cluster_merge (2..8 splits as one cluster, v6) the merged row (w_cluster_factor,
  * w_cluster_sum below).
@@ -52,18 +56,6 @@
 #ifndef SMLA_FWD90_WS
 #define SMLA_FWD90_WS 1
 #endif
-/* L2 prefetch distance of the gather warpgroup, in tiles (0: none). At the top of
- * iteration j, before it waits for stage j % 2 to free, it asks L2 for the rows of tile
- * j + PF (cp.async.bulk.prefetch, one instruction per row), so that the cp.async of that
- * tile, PF - 1 tile times later, reads L2 rather than HBM. Measured in bench/RESULTS.md. */
-#ifndef SMLA_FWD90_L2PF
-#define SMLA_FWD90_L2PF 0
-#endif
-/* PV as one m64n256k16 per k-step (P read once per warpgroup and k-step) instead of two
- * m64n128k16. Measured in bench/RESULTS.md. */
-#ifndef SMLA_FWD90_N256
-#define SMLA_FWD90_N256 0
-#endif
 /* v7 (the kernel's EARLY instance): where tile j+1 has landed when PV(j) is issued, S(j+1)
  * is queued right behind it, before PV(j) is waited for, so that the tensor cores go from
  * one to the other without the wait, the empty arrival and the full wait in between.
@@ -72,7 +64,6 @@
  * W_EARLY_MIN_TILES tiles a split on. Needs the gather warpgroup (SMLA_FWD90_WS). */
 #define W_EARLY_MIN_TILES 32
 #define W_EARLY (SMLA_FWD90_WS && EARLY)
-#define W_PF_SLOTS (SMLA_FWD90_L2PF > 1 ? SMLA_FWD90_L2PF : 1)
 /* The epilogue stages O in shared memory and stores whole rows (measured against
  * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
 #define W_OST_STRIDE 520
@@ -202,13 +193,6 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
   }
 }
 
-/* One row's L2 prefetch by the lane that owns it (lanes 0..15; 16..31 repeat the rows). */
-__device__ __forceinline__ void w_prefetch_row(const smla_cuda_fwd_args &a, int32_t slot,
-                                               int lane, int dqk) {
-  if (lane < 16 && slot >= 0 && (int64_t)slot < a.num_slots)
-    prefetch_l2_bulk(a.cache + (int64_t)slot * a.row_bytes, (uint32_t)(2 * dqk));
-}
-
 template <int DR, bool EARLY>
 __global__ void __launch_bounds__(W_BLOCK, 1)
     fwd90_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
@@ -271,16 +255,8 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     if (ntiles > 0) {
       const int pw = (tid - W_THREADS) >> 5, cl = lane & 7, rl = lane >> 3;
       const int my_row = 16 * pw + (lane & 15);
-      /* Tile 0's slots first: their load's latency runs under the Q issue. sn[d]: the
-       * slot of this lane's row in tile j + 1 + d (at the top of iteration j). */
-      int32_t sc = slot_at(slot_row, ks, kend, 0, my_row), sn[W_PF_SLOTS];
-#pragma unroll
-      for (int d = 0; d < W_PF_SLOTS; d++) sn[d] = slot_at(slot_row, ks, kend, 1 + d, my_row);
-#if SMLA_FWD90_L2PF
-      /* Tiles 2 .. PF - 1 (tile 1 is issued at once; the loop prefetches tile j + PF). */
-#pragma unroll
-      for (int d = 1; d + 1 < W_PF_SLOTS; d++) w_prefetch_row(a, sn[d], lane, DQK);
-#endif
+      /* Tile 0's slots first: their load's latency runs under the Q issue. */
+      int32_t sn = slot_at(slot_row, ks, kend, 0, my_row);
 #pragma unroll 1
       for (int rg = 0; rg < 4; rg++) {
         const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
@@ -292,10 +268,9 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #pragma unroll 1
       for (int j = 0; j < ntiles; j++) {
         const uint32_t st = (uint32_t)(j & 1);
-#if SMLA_FWD90_L2PF
-        w_prefetch_row(a, sn[W_PF_SLOTS - 1], lane, DQK); /* tile j + PF, before the wait */
-#endif
         if (j >= 2) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
+        const int32_t sc = sn;
+        if (j + 1 < ntiles) sn = slot_at(slot_row, ks, kend, j + 1, my_row);
         unsigned nb = 0;
         const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
         bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
@@ -304,10 +279,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         for (int rg = 0; rg < 4; rg++) {
           const int rr = 4 * rg + rl, row = 16 * pw + rr;
           const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
-          int u = __shfl_sync(0xffffffffu, u_mine, rr);
-#ifdef SMLA_FWD90_READROWS /* measurement only: rows past it are zero-filled, not read */
-          u = u && row < SMLA_FWD90_READROWS;
-#endif
+          const int u = __shfl_sync(0xffffffffu, u_mine, rr);
           const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
 #pragma unroll
           for (int cb = 0; cb < KB; cb++)
@@ -315,11 +287,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         }
         mbar_arrive_cp_async_noinc(full_b + 8u * st); /* this thread's arrival, once its
                                                          copies have landed */
-        sc = sn[0];
-#pragma unroll
-        for (int d = 0; d + 1 < W_PF_SLOTS; d++) sn[d] = sn[d + 1];
-        if (j + 1 + W_PF_SLOTS < ntiles)
-          sn[W_PF_SLOTS - 1] = slot_at(slot_row, ks, kend, j + 1 + W_PF_SLOTS, my_row);
       }
     }
   } else {
@@ -519,11 +486,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #pragma unroll
       for (int k = 0; k < BN / 16; k++) {
         const uint64_t da = wg_desc(p_s + k * 32, 16, 1024);
-#if SMLA_FWD90_N256
-        wgmma_m64n256k16_ss_tb(&O[0][0], da,
-                               wg_desc(kvb + (uint32_t)(4 * wg * W_KB_BYTES + k * 16 * 128),
-                                       W_KB_BYTES, 1024));
-#else
 #pragma unroll
         for (int h = 0; h < 2; h++) {
           const uint64_t db =
@@ -531,7 +493,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
                       W_KB_BYTES, 1024);
           wgmma_m64n128k16_ss_tb(O[h], da, db);
         }
-#endif
       }
       wg_commit();
 #if SMLA_FWD90_WS
