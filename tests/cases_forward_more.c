@@ -289,9 +289,38 @@ static void c_wide_n128_splits(t_case *tc) { wide(tc, 6, 128, 1500, 64, 0.0f, 1,
 static void c_wide_n48_k1(t_case *tc) { wide(tc, 3, 48, 1, 64, 0.0f, 0, 0); }
 /* One split of 33 tiles (34 with Dr 0): on an sm90 device the v7 instance of the wgmma
  * kernel (S(j+1) queued behind PV(j), from 32 tiles a split), with an odd tile count, an
- * empty row and a random length each. */
-static void c_wide_n128_unsplit(t_case *tc) { wide(tc, 3, 128, 2051, 64, 0.0f, 1, 1); }
-static void c_wide_n64_dr0_unsplit(t_case *tc) { wide(tc, 3, 64, 2150, 0, 5.0f, 0, 1); }
+ * empty row and a random length each. The plan's describe says from how many tiles a
+ * split v7 runs; the case checks that it has that many, so that it cannot quietly test v3
+ * alone. (Which of v7's two branches a tile takes depends on timing; a build with
+ * -DSMLA_FWD90_EARLY_FORCE=0 or =1 takes one of them every tile.) */
+static void unsplit(t_case *tc, int N, int K, int dr, float softcap, int sink) {
+  wide(tc, 3, N, K, dr, softcap, sink, 1);
+  for (int b = 0; b < g_num_backends; b++) {
+    smla_context *ctx = t_on(tc, b);
+    if (!ctx || b == T_CPU) continue;
+    smla_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.max_tokens = 3;
+    d.num_heads = N;
+    d.topk = K;
+    d.dr = dr;
+    d.format = SMLA_CACHE_BF16;
+    d.num_splits = 1;
+    smla_plan *plan = NULL;
+    if (!t_expect_ok(tc, smla_plan_create(ctx, &d, NULL, 0, &plan), ctx, "smla_plan_create"))
+      continue;
+    const char *desc = smla_plan_describe(plan);
+    if (strncmp(desc, "cuda-sm90", 9) == 0) {
+      const char *at = strstr(desc, "S behind PV from ");
+      const int from = at ? atoi(at + strlen("S behind PV from ")) : 0;
+      t_expect(tc, at != NULL && from > 0 && (K + 63) / 64 >= from,
+               "K = %d (%d tiles) should reach the v7 instance: %s", K, (K + 63) / 64, desc);
+    }
+    smla_plan_destroy(plan);
+  }
+}
+static void c_wide_n128_unsplit(t_case *tc) { unsplit(tc, 128, 2051, 64, 0.0f, 1); }
+static void c_wide_n64_dr0_unsplit(t_case *tc) { unsplit(tc, 64, 2150, 0, 5.0f, 0); }
 
 /* The sm90 kernel's two merges: forced 2, 3, 4, 6, 7 and 8 splits merge inside the kernel
  * (one cluster per row and head group; 3, 6 and 7 own uneven column ranges), 12 and 4

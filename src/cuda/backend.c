@@ -496,6 +496,10 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
     }
     device_leave(ctx, prev);
   }
+  char early[64] = "";
+  if (sm90 && smla_cuda_fwd90_early_min_tiles() > 0)
+    snprintf(early, sizeof early, ", S behind PV from %d tiles a split",
+             smla_cuda_fwd90_early_min_tiles());
   char merge[128] = "";
   if (merge_lo) {
     int n = snprintf(merge, sizeof merge, "; in-kernel merge for %d-%d splits (resident "
@@ -536,11 +540,12 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
                                                                 : "per T by cost model";
   snprintf(plan->describe, sizeof plan->describe,
            "%s: %s dr=%d, %d heads/block x %d groups, %s %d (%u KB smem), "
-           "%s bf16; splits %s (T=1: %d%s, T=%lld: %d%s; %d SMs); %lld partial rows%s",
+           "%s bf16%s; splits %s (T=1: %d%s, T=%lld: %d%s; %d SMs); %lld partial rows%s",
            sm90 ? "cuda-sm90" : "cuda-generic", format_name(d->format), d->dr,
            plan->heads_per_block, c.groups,
            d->format == SMLA_CACHE_BF16 ? "kv stages" : "fp8 staging", pipe,
-           (unsigned)((sm90 ? smem90 : L.total) / 1024), sm90 ? "wgmma" : "mma.sync", policy,
+           (unsigned)((sm90 ? smem90 : L.total) / 1024), sm90 ? "wgmma" : "mma.sync", early,
+           policy,
            s_one, merged_one ? " merged in-kernel" : "", (long long)d->max_tokens, s_max,
            merged_max ? " merged in-kernel" : "", st->sm_count, (long long)cap, merge);
   return SMLA_OK;

@@ -59,11 +59,17 @@
 /* v7 (the kernel's EARLY instance): where tile j+1 has landed when PV(j) is issued, S(j+1)
  * is queued right behind it, before PV(j) is waited for, so that the tensor cores go from
  * one to the other without the wait, the empty arrival and the full wait in between.
- * Measured (bench/RESULTS.md, 2026-12-04): 3-6% faster at 32 tiles a block and more
- * (T >= 64, N = 128), 1% slower at 8-16 (T = 16, 32), so the launch takes it from
- * W_EARLY_MIN_TILES tiles a split on. Needs the gather warpgroup (SMLA_FWD90_WS). */
+ * Measured (bench/RESULTS.md, 2026-12-04): 1.2-6% faster at 32 tiles a block and more
+ * (T >= 64, N = 128), 1.2-1.7% slower at 8-16 (T = 16, 32), so the launch takes it from
+ * W_EARLY_MIN_TILES tiles a split on (the whole launch: a row shortened by lengths runs
+ * it too). Needs the gather warpgroup (SMLA_FWD90_WS).
+ * SMLA_FWD90_EARLY_FORCE (a test build): 0 takes the "not landed" branch every tile, 1
+ * the "landed" one (waiting for tile j+1 if need be), so that tests reach both. */
 #define W_EARLY_MIN_TILES 32
 #define W_EARLY (SMLA_FWD90_WS && EARLY)
+#ifndef SMLA_FWD90_EARLY_FORCE
+#define SMLA_FWD90_EARLY_FORCE -1
+#endif
 /* The epilogue stages O in shared memory and stores whole rows (measured against
  * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
 #define W_OST_STRIDE 520
@@ -353,6 +359,8 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     if (W_EARLY) /* not hoisted out of the loop: 36 live descriptors would spill */          \
       asm volatile("mov.u32 %0, %1;" : "=r"(qs_) : "r"(q_s));                              \
     _Pragma("unroll") for (int i_ = 0; i_ < 16; i_++) s[i_] = 0.0f;                        \
+    if (W_EARLY) /* the zeros held before the fence (else ptxas must repair the order) */  \
+      _Pragma("unroll") for (int i_ = 0; i_ < 16; i_++) wg_pin(s[i_]);                     \
     wg_fence();                                                                            \
     _Pragma("unroll") for (int kb_ = 0; kb_ < KB; kb_++)                                   \
     _Pragma("unroll") for (int k4_ = 0; k4_ < 4; k4_++)                                    \
@@ -399,7 +407,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       __syncthreads();
 #endif
 #if SMLA_FWD90_PROBE
-      if (j == 0) pr1 = probe_ns();
+      if (j == 0 && !W_EARLY) pr1 = probe_ns(); /* (EARLY: before S(0), above) */
 #endif
 
       if (!W_EARLY) W_ISSUE_S(kvb);
@@ -512,7 +520,9 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         const uint32_t par1 = (uint32_t)(((j + 1) >> 1) & 1);
         volatile uint32_t *ready_s = (volatile uint32_t *)(smem + L.mask) + wg;
         W_MASK_NEXT();
-        if ((tid & 127) == 0) *ready_s = mbar_test(full1, par1);
+        if ((tid & 127) == 0)
+          *ready_s = SMLA_FWD90_EARLY_FORCE >= 0 ? (uint32_t)SMLA_FWD90_EARLY_FORCE
+                                                 : mbar_test(full1, par1);
         if (wg) named_bar_sync(3, 128); else named_bar_sync(2, 128); /* ids known to ptxas */
         if (*ready_s) {
           mbar_wait(full1, par1); /* complete: returns at once, with acquire */
@@ -734,6 +744,10 @@ static cudaLaunchConfig_t w_config(unsigned blocks, uint32_t smem, int cluster, 
   return c;
 }
 
+extern "C" int smla_cuda_fwd90_early_min_tiles(void) {
+  return SMLA_FWD90_WS ? W_EARLY_MIN_TILES : 0;
+}
+
 extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int splits, int *clusters) {
   *clusters = 0;
   if (splits < 2 || splits > 8) return cudaSuccess;
@@ -755,5 +769,6 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *
                                   a->cluster_merge ? a->num_splits : 1, stream, &attr);
   void *args[1] = {(void *)a};
   const bool early = SMLA_FWD90_WS && (a->split_len + 63) / 64 >= W_EARLY_MIN_TILES;
+  /* (the plan's describe says so: smla_cuda_fwd90_early_min_tiles) */
   return cudaLaunchKernelExC(&c, w_kernel(dr, early), args);
 }
