@@ -715,7 +715,8 @@ extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr) {
 
 /* The kernel for a Dr and whether it pipelines S behind PV (v7, W_EARLY_MIN_TILES). */
 static const void *w_kernel(int dr, bool early) {
-  if (dr == 64) return early ? (const void *)fwd90_kernel<64, true> : (const void *)fwd90_kernel<64, false>;
+  if (dr == 64)
+    return early ? (const void *)fwd90_kernel<64, true> : (const void *)fwd90_kernel<64, false>;
   return early ? (const void *)fwd90_kernel<0, true> : (const void *)fwd90_kernel<0, false>;
 }
 
