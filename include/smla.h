@@ -258,7 +258,9 @@ smla_status smla_plan_create(smla_context *ctx, const smla_plan_desc *desc, void
 void smla_plan_destroy(smla_plan *plan);
 /* Which path the plan chose and why, e.g.
  * "cuda-generic: 16 heads per block, splits 32 (T*groups = 1 blocks < 2 waves of 132 SMs)".
- * The string lives as long as the plan. */
+ * The string lives as long as the plan; with its NUL it is at most SMLA_DESCRIBE_MAX bytes
+ * (a buffer of that size holds any copy of it). */
+#define SMLA_DESCRIBE_MAX 384
 const char *smla_plan_describe(const smla_plan *plan);
 
 /* ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@
 #include <stdarg.h>
 
 #define SMLA_MSG_BYTES 512
-#define SMLA_DESCRIBE_BYTES 384
+#define SMLA_DESCRIBE_BYTES SMLA_DESCRIBE_MAX
 
 /* e4m3 (E4M3FN) largest finite value: the saturation bound of every fp8 writer. */
 #define SMLA_E4M3_MAX 448.0f

@@ -17,7 +17,7 @@
 
 #include "harness.h"
 
-#define FWD_DESCRIBE_BYTES 384
+#define FWD_DESCRIBE_BYTES SMLA_DESCRIBE_MAX
 
 typedef struct {
   /* shapes */

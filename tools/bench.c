@@ -405,7 +405,7 @@ typedef struct bench_opts {
 typedef struct bench_row {
   int64_t tokens;
   int heads;
-  char path[384];
+  char path[SMLA_DESCRIBE_MAX];
   int reps, graph, per_graph, sets;
   double median_us, min_us;
   double flops, bytes;         /* per forward */
