@@ -56,13 +56,14 @@ extern "C" {
  * Version. Since v0.1.
  * ------------------------------------------------------------------------------------- */
 /* Before 1.0 a minor version may change the ABI (a params struct may grow, as
- * smla_convert_params did in 0.2.0): rebuild against the header of the library you link. */
+ * smla_convert_params did in 0.2.0 and smla_merge_params in 0.3.0): rebuild against the
+ * header of the library you link. */
 #define SMLA_VERSION_MAJOR 0
-#define SMLA_VERSION_MINOR 2
+#define SMLA_VERSION_MINOR 3
 #define SMLA_VERSION_PATCH 0
 #define SMLA_VERSION_NUMBER \
   (SMLA_VERSION_MAJOR * 10000 + SMLA_VERSION_MINOR * 100 + SMLA_VERSION_PATCH)
-#define SMLA_VERSION_STRING "0.2.0"
+#define SMLA_VERSION_STRING "0.3.0"
 
 /* The version the library was built as (SMLA_VERSION_NUMBER of its header). */
 unsigned smla_version(void);
@@ -308,6 +309,18 @@ smla_status smla_forward(smla_plan *plan, const smla_forward_params *p, void *st
  *   out[t][h] = sum_p w_p out_p[p][t][h],  w_p = exp(lse_p - lse),  lse = log sum exp lse_p
  * A partial with lse_p = -inf contributes nothing (its out_p is not read); all -inf:
  * out = 0, lse = -inf. A NaN or +inf lse_p makes that (t, h) NaN in out and lse.
+ *
+ * Sink (since v0.3). smla_forward with a sink returns out normalized with the sink in the
+ * denominator and lse without it. Partials of such forwards (KV splits done by the
+ * caller, context-parallel shards) are merged exactly by passing the same sink here:
+ *   out[t][h] = sum_p w_p out_p[p][t][h],
+ *   w_p = (exp(lse_p) + exp(sink[h])) / (exp(lse) + exp(sink[h]))
+ * (computed as exp(logaddexp(lse_p, s) - logaddexp(lse, s)), which never overflows), so
+ * that merging the parts of a sinked forward gives the sinked forward over the union:
+ * out = sum exp(l_i - m) v_i / (Z + exp(sink - m)) over all parts' entries. lse is still
+ * log sum exp lse_p (sink excluded), as forward's. Merging sinked partials without the
+ * sink (sink = NULL) counts the sink once per part: wrong. Partials made without a sink
+ * are merged with sink = NULL.
  * ------------------------------------------------------------------------------------- */
 typedef struct smla_merge_params {
   int num_partials;              /* P >= 1 */
@@ -324,6 +337,8 @@ typedef struct smla_merge_params {
   int64_t out_stride_t, out_stride_h;
   float *lse;                    /* [T][N], row stride lse_stride_t; may be NULL */
   int64_t lse_stride_t;
+  const float *sink;             /* [N] the sink the partials' forwards were given (see
+                                    above); NULL: partials without a sink. Since v0.3 */
 } smla_merge_params;
 
 smla_status smla_merge_states(smla_context *ctx, const smla_merge_params *p, void *stream);

@@ -342,6 +342,7 @@ static smla_status check_merge(smla_context *ctx, const smla_merge_params *p) {
   CHECK(need_stride(ctx, fn, "out_stride_h", p->out_stride_h, N, p->dv, 1));
   CHECK(need_stride(ctx, fn, "out_stride_t", p->out_stride_t, T, span(N, p->out_stride_h, p->dv), 1));
   if (p->lse) CHECK(need_stride(ctx, fn, "lse_stride_t", p->lse_stride_t, T, N, 1));
+  if (p->sink) CHECK(need_ptr(ctx, fn, "sink", p->sink, 4));
   return SMLA_OK;
 }
 

@@ -94,4 +94,12 @@ SMLA_HD float smla_ds_scale(float amax) {
   return smla_bits_f32((uint32_t)(e + 127) << 23);
 }
 
+/* log(exp(a) + exp(b)) for a, b not +inf or NaN (-inf allowed), without overflow: the sink
+ * rule of the merge (smla.h, merge). */
+SMLA_HD float smla_logaddexpf(float a, float b) {
+  const float hi = a > b ? a : b, lo = a > b ? b : a;
+  if (lo == -INFINITY) return hi;
+  return hi + log1pf(expf(lo - hi));
+}
+
 #endif /* SMLA_NUMERICS_H */

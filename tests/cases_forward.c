@@ -48,6 +48,26 @@ SIMPLE(c_fmt_bf16, 3, 16, 512, 64, SMLA_CACHE_BF16)
 SIMPLE(c_fmt_fp8_tensor, 3, 16, 512, 64, SMLA_CACHE_FP8_TENSOR)
 SIMPLE(c_fmt_fp8_ds, 3, 16, 512, 64, SMLA_CACHE_FP8_DS)
 
+/* FP8_DS caches written by a foreign writer (fwd.c foreign_ds_row): amax/448 scales that
+ * are not powers of two, group magnitudes from 2^-20 to 2^8, saturated groups and all-zero
+ * groups with scale 0. Every backend must read each value as e4m3 * its float scale (SPEC
+ * §3: "dequantized to their float values"), not rounded to bf16 on the way. sm_scale is
+ * smaller than the default so that logits of the 2^8 groups stay ~1..10, not one-hot. */
+static void foreign(t_case *tc, int64_t T, int N, int K, int dr, float softcap) {
+  fwd_problem pb;
+  fwd_defaults(&pb, T, N, K, dr, SMLA_CACHE_FP8_DS);
+  pb.foreign_ds = 1;
+  pb.sm_scale = (float)(1.0 / (256.0 * sqrt((double)(SMLA_DC + dr))));
+  pb.softcap = softcap;
+  pb.use_sink = 1;
+  fwd_make_inputs(&pb);
+  if (fwd_make_cache(tc, &pb) == 0) fwd_run(tc, &pb);
+  fwd_free(&pb);
+}
+static void c_foreign_ds(t_case *tc) { foreign(tc, 4, 16, 512, 64, 0.0f); }
+static void c_foreign_ds_n128(t_case *tc) { foreign(tc, 2, 128, 2048, 64, 0.0f); }
+static void c_foreign_ds_dr0_softcap(t_case *tc) { foreign(tc, 3, 64, 700, 0, 8.0f); }
+
 /* Row 0: only -1 (padding, not counted). Row 1: only out-of-range values (each counted).
  * Row 2: both mixed. No entry is used: out 0, lse = max_logit = -inf everywhere, and the
  * whole cache is NaN. */
@@ -329,6 +349,9 @@ void t_register_forward_cases(void) {
   t_register("forward_format_bf16", c_fmt_bf16);
   t_register("forward_format_fp8_tensor", c_fmt_fp8_tensor);
   t_register("forward_format_fp8_ds", c_fmt_fp8_ds);
+  t_register("forward_fp8_ds_foreign_scales", c_foreign_ds);
+  t_register("forward_fp8_ds_foreign_scales_n128", c_foreign_ds_n128);
+  t_register("forward_fp8_ds_foreign_scales_dr0_softcap", c_foreign_ds_dr0_softcap);
   t_register("forward_strided_concat_q", c_strided_concat_q);
   t_register("forward_strided_padded", c_strided_padded);
   t_register("forward_strided_fp8_tensor_rows", c_strided_fp8_tensor_rows);

@@ -6,7 +6,9 @@
 #include "fwd.h"
 
 #include "devmem.h"
+#include "numerics.h" /* bf16 widening of results */
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +28,8 @@ static int setup(t_case *tc, fwd_problem *pb, int64_t T, int N, int K, int dr,
 /* Forced num_splits 1, 3 and 7 (K = 2048: 7 splits of ~293 entries, none a multiple of a
  * tile) each match the reference, and 3 and 7 match 1 within the out/lse tolerance: a
  * split changes the summation order, not the result. The CPU ignores num_splits (its
- * description says so); on CUDA each forced split count is checked against the CPU. */
+ * description says so), so the case reports skip there; on CUDA each forced split count
+ * is checked against the CPU. */
 static void c_num_splits(t_case *tc) {
   fwd_problem pb;
   fwd_defaults(&pb, 2, 16, 2048, 64, SMLA_CACHE_BF16);
@@ -41,6 +44,7 @@ static void c_num_splits(t_case *tc) {
     int cpu_ok[3] = {0, 0, 0};
     for (int b = 0; b < g_num_backends; b++) {
       if (!t_on(tc, b)) continue;
+      if (b == T_CPU) t_skip(tc, "forced KV splits; the CPU has none, its runs are the GPU's comparison");
       fwd_result res[3];
       int ok[3];
       char what[96];
@@ -336,6 +340,7 @@ static void c_wide_n128_merges(t_case *tc) {
     wide_flags(tc, 4, 128, 1800, 64, 0.0f, 1, cfg[i].splits, cfg[i].flags);
     for (int b = 0; b < g_num_backends; b++) {
       smla_context *ctx = t_on(tc, b);
+      if (b == T_CPU) t_skip(tc, "the merges of KV splits; the CPU has no splits, its runs are the GPU's comparison");
       if (!ctx || b == T_CPU) continue;
       smla_plan_desc d;
       memset(&d, 0, sizeof d);
@@ -359,7 +364,137 @@ static void c_wide_n128_merges(t_case *tc) {
   }
 }
 
+/* A sinked forward split by the caller into P parts (KV splits of its own, or context-
+ * parallel shards), each part a forward with the same sink and lse out, then merged with
+ * smla_merge_states given that sink: equals the sinked forward over the whole row. Each
+ * row's K entries are dealt to the parts in uneven contiguous runs (a part may get none of
+ * a row: lse -inf there), P = 2, 3, 5 and 8. The same merge without the sink counts the
+ * sink once per part, and must be measurably off (else these inputs could not tell).
+ * Tolerance: the forward's out bound plus one bf16 rounding of each partial (weights sum
+ * to <= 1): 2e-3 more absolute, as the DCP cases (cases_dcp.c D_TOL_OUT); lse in float. */
+static const t_tol PARTS_TOL_OUT = {4e-3, 1e-2};
+static const t_tol PARTS_TOL_LSE = {2e-4, 1e-5};
+
+static void parts_merge(t_case *tc, int P) {
+  fwd_problem pb;
+  fwd_defaults(&pb, 4, 16, 600, 64, SMLA_CACHE_BF16);
+  pb.use_sink = 1;
+  pb.want_ml = 0;
+  pb.want_bad = 0;
+  fwd_make_inputs(&pb);
+  if (fwd_make_cache(tc, &pb) != 0) {
+    fwd_free(&pb);
+    return;
+  }
+  const int64_t T = pb.T, N = pb.N, TN = T * N, K = pb.K;
+  /* cut[t][0..P]: part p of row t owns entries [cut[p], cut[p+1]); row 1 all in part 0 */
+  int64_t *cut = t_xmalloc((size_t)(T * (P + 1)) * 8);
+  for (int64_t t = 0; t < T; t++) {
+    int64_t *c = cut + t * (P + 1);
+    c[0] = 0;
+    c[P] = K;
+    for (int p = 1; p < P; p++) c[p] = t == 1 ? K : t_rng_int(c[p - 1], K);
+  }
+  fwd_ref whole;
+  fwd_reference(&pb, &whole);
+  uint16_t *out_p = t_xmalloc((size_t)(P * TN * SMLA_DC) * 2);
+  float *lse_p = t_xmalloc((size_t)(P * TN) * 4);
+  for (int b = 0; b < g_num_backends; b++) {
+    smla_context *ctx = t_on(tc, b);
+    if (!ctx) continue;
+    int ok = 1;
+    for (int p = 0; ok && p < P; p++) {
+      fwd_problem part = pb;
+      part.slots = t_xmalloc((size_t)pb.slots_elems * 4);
+      memcpy(part.slots, pb.slots, (size_t)pb.slots_elems * 4);
+      for (int64_t t = 0; t < T; t++)
+        for (int64_t k = 0; k < K; k++)
+          if (k < cut[t * (P + 1) + p] || k >= cut[t * (P + 1) + p + 1]) fwd_slot_row(&part, t)[k] = -1;
+      fwd_result r;
+      ok = fwd_exec(tc, &part, &r);
+      if (ok) {
+        t_gather(out_p + (size_t)p * TN * SMLA_DC, r.out, 2, T, N, SMLA_DC, pb.out_st, pb.out_sh);
+        t_gather(lse_p + (size_t)p * TN, r.lse, 4, T, 1, N, pb.lse_st, 0);
+        fwd_result_free(&r);
+      }
+      free(part.slots);
+    }
+    void *d_out_p = ok ? t_upload(tc, out_p, (size_t)(P * TN * SMLA_DC) * 2) : NULL;
+    void *d_lse_p = ok ? t_upload(tc, lse_p, (size_t)(P * TN) * 4) : NULL;
+    void *d_sink = ok ? t_upload(tc, pb.sink, (size_t)N * 4) : NULL;
+    void *d_out = ok ? t_alloc(tc, (size_t)TN * SMLA_DC * 2) : NULL;
+    float *d_lse = ok ? t_alloc(tc, (size_t)TN * 4) : NULL;
+    uint16_t *out = t_xmalloc((size_t)TN * SMLA_DC * 2);
+    float *lse = t_xmalloc((size_t)TN * 4);
+    for (int with_sink = 1; ok && d_out_p && d_lse_p && d_sink && d_out && d_lse && with_sink >= 0;
+         with_sink--) {
+      smla_merge_params m;
+      memset(&m, 0, sizeof m);
+      m.num_partials = P;
+      m.num_tokens = T;
+      m.num_heads = (int)N;
+      m.dv = SMLA_DC;
+      m.out_p = d_out_p;
+      m.out_p_dtype = SMLA_DTYPE_BF16;
+      m.out_p_stride_p = TN * SMLA_DC;
+      m.out_p_stride_t = N * SMLA_DC;
+      m.out_p_stride_h = SMLA_DC;
+      m.lse_p = d_lse_p;
+      m.lse_p_stride_p = TN;
+      m.lse_p_stride_t = N;
+      m.out = d_out;
+      m.out_dtype = SMLA_DTYPE_BF16;
+      m.out_stride_t = N * SMLA_DC;
+      m.out_stride_h = SMLA_DC;
+      m.lse = d_lse;
+      m.lse_stride_t = N;
+      m.sink = with_sink ? d_sink : NULL;
+      if (t_memset(tc, d_out, T_POISON, (size_t)TN * SMLA_DC * 2) ||
+          !t_expect_ok(tc, smla_merge_states(ctx, &m, NULL), ctx, "smla_merge_states") ||
+          t_sync(tc) || t_download(tc, out, d_out, (size_t)TN * SMLA_DC * 2) ||
+          t_download(tc, lse, d_lse, (size_t)TN * 4))
+        break;
+      char what[96];
+      if (with_sink) {
+        snprintf(what, sizeof what, "%d sinked parts merged with the sink vs the whole", P);
+        t_check_bf16(tc, what, out, whole.out, t_shape3(T, N, SMLA_DC), PARTS_TOL_OUT);
+        snprintf(what, sizeof what, "lse of %d sinked parts merged vs the whole", P);
+        t_check_f32(tc, what, lse, whole.lse, t_shape2(T, N), PARTS_TOL_LSE);
+      } else { /* the sink counted once per part: off by far more than the tolerance */
+        double worst = 0.0;
+        for (int64_t i = 0; i < TN * SMLA_DC; i++) {
+          const double e = fabs(smla_bf16_to_f32(out[i]) - whole.out[i]) /
+                           (PARTS_TOL_OUT.atol + PARTS_TOL_OUT.rtol * fabs(whole.out[i]));
+          if (e > worst) worst = e;
+        }
+        t_expect(tc, worst > 4.0, "%d sinked parts merged without the sink are only %.2fx the "
+                 "tolerance off the whole: the inputs cannot tell a merge that drops the sink", P, worst);
+      }
+    }
+    free(out);
+    free(lse);
+    t_free(tc, d_out_p);
+    t_free(tc, d_lse_p);
+    t_free(tc, d_sink);
+    t_free(tc, d_out);
+    t_free(tc, d_lse);
+  }
+  free(out_p);
+  free(lse_p);
+  free(cut);
+  fwd_ref_free(&whole);
+  fwd_free(&pb);
+}
+static void c_parts_2(t_case *tc) { parts_merge(tc, 2); }
+static void c_parts_3(t_case *tc) { parts_merge(tc, 3); }
+static void c_parts_5(t_case *tc) { parts_merge(tc, 5); }
+static void c_parts_8(t_case *tc) { parts_merge(tc, 8); }
+
 void t_register_forward_more_cases(void) {
+  t_register("forward_sink_parts_merged_2", c_parts_2);
+  t_register("forward_sink_parts_merged_3", c_parts_3);
+  t_register("forward_sink_parts_merged_5", c_parts_5);
+  t_register("forward_sink_parts_merged_8", c_parts_8);
   t_register("forward_num_splits_1_3_7", c_num_splits);
   t_register("forward_wide_n128_k2051", c_wide_n128);
   t_register("forward_wide_n128_unsplit", c_wide_n128_unsplit);

@@ -3,6 +3,7 @@
 
 #include "devmem.h"
 #include "ref.h"
+#include "numerics.h" /* bf16 codec of test inputs only */
 
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +30,26 @@ static const t_tol TOL_OUT = {2e-3, 1e-2};
  * log Z adds a few float ulps of |lse| <~ 12. So |got - ref| <= 1e-4 + 1e-5 |ref|: about
  * 10x the expected error, and far below what a wrong scale, log base or mask gives. */
 static const t_tol TOL_LSE = {1e-4, 1e-5};
+
+/* The statistical checks of out (t_check_bf16_unbiased), which a biased or too-large
+ * error fails where TOL_OUT lets it pass (TOL_OUT admits a full bf16 ulp of bias).
+ * Error model, u = 2^-8 (bf16 unit roundoff):
+ *  - out: each backend rounds its float result to bf16 once, to nearest: a zero-mean error
+ *    of at most u |r|, sd <= u |r| / sqrt(3) (uniform). Against the reference one such
+ *    rounding, against another backend two: elem_var = 2 u^2 / 3.
+ *  - P: the GPU kernels round the probabilities to bf16 before P.V (zero-mean, |e| <= u);
+ *    with one dominant entry that error is shared by all 512 values of the (t, h) row, so
+ *    it is fully correlated inside the row; up to two such kernels compared (a GPU run
+ *    against another GPU run with another split): row_var = 2 u^2 / 3.
+ *  - float softmax and accumulation over <= K rows: ~1e-6 relative, covered by 1e-5.
+ * bias: 6 standard deviations of the sum under that model. Frobenius: the expected
+ * relative error is sqrt(elem_var + row_var) = 1.15 u at most (row term at its worst,
+ * a one-hot P); 2 u leaves room for the spread of small samples. Truncating instead of
+ * rounding gives a bias of ~-0.69 u (-2.7e-3) on every element; a skipped tile, a wrong
+ * scale or a dropped rope part gives relative errors of 1e-2 and more. */
+#define U_BF16 (1.0 / 256.0)
+static const t_round_model OUT_MODEL = {2.0 * U_BF16 * U_BF16 / 3.0, 2.0 * U_BF16 * U_BF16 / 3.0,
+                                        6.0, 1e-5, 2.0 * U_BF16};
 
 void fwd_defaults(fwd_problem *pb, int64_t T, int N, int K, int dr, smla_cache_format format) {
   memset(pb, 0, sizeof *pb);
@@ -134,6 +155,35 @@ static int64_t clamp_len(const fwd_problem *pb, int64_t t) {
   return l < 0 ? 0 : (l > pb->K ? pb->K : l);
 }
 
+/* A writer of FP8_DS rows that is not smla's, as another engine's quantizer may be: each
+ * group gets a magnitude 2^e (e uniform in -20..8), values uniform in +-2^e, and the plain
+ * scale amax / 448 in float (not a power of two). One group in 8 is all zero with scale 0
+ * (amax / 448 of a zero group; its codes are 0, its values 0). One in 8 is saturated: its
+ * scale is amax / 600, so the largest values clip to the +-448 codes. Codes are rounded
+ * to nearest by the reference's encoder; the reference decodes what was written, so the
+ * test only asks that every backend read these bytes as e4m3 * scale in float. */
+static void foreign_ds_row(int dr, uint8_t *row) {
+  float scales[4];
+  for (int g = 0; g < 4; g++) {
+    const int kind = (int)t_rng_int(0, 7); /* 0: all zero, 1: saturated, else plain */
+    const double mag = ldexp(1.0, (int)t_rng_int(-20, 8));
+    float v[128];
+    double amax = 0.0;
+    for (int i = 0; i < 128; i++) {
+      v[i] = kind == 0 ? 0.0f : (float)(mag * t_rng_uniform(-1.0, 1.0));
+      if (fabs(v[i]) > amax) amax = fabs(v[i]);
+    }
+    scales[g] = kind == 0 ? 0.0f : (float)amax / (kind == 1 ? 600.0f : 448.0f);
+    for (int i = 0; i < 128; i++)
+      row[128 * g + i] = kind == 0 ? 0 : ref_double_to_e4m3((double)(v[i] / scales[g]));
+  }
+  memcpy(row + SMLA_DC, scales, sizeof scales);
+  for (int i = 0; i < dr; i++) {
+    const uint16_t h = t_rand_bf16(-1.0, 1.0);
+    memcpy(row + SMLA_DC + 16 + 2 * i, &h, 2);
+  }
+}
+
 int fwd_make_cache(t_case *tc, fwd_problem *pb) {
   const int64_t S = pb->S, rb = pb->row_bytes;
   const int dr = pb->dr;
@@ -150,7 +200,10 @@ int fwd_make_cache(t_case *tc, fwd_problem *pb) {
   int64_t U = 0;
   for (int64_t s = 0; s < S; s++) U += used[s];
   int rc = 0;
-  if (U > 0) {
+  if (U > 0 && pb->foreign_ds && pb->format == SMLA_CACHE_FP8_DS) {
+    for (int64_t s = 0; s < S; s++)
+      if (used[s]) foreign_ds_row(dr, pb->cache + s * rb);
+  } else if (U > 0) {
     /* The used rows: random bf16 latent and rope, written in the cache's format by the
      * library's CPU writer; the reference decodes the bytes that were written. */
     uint16_t *kv = t_xaligned((size_t)U * SMLA_DC * 2);
@@ -158,6 +211,14 @@ int fwd_make_cache(t_case *tc, fwd_problem *pb) {
     int64_t *slot = t_xmalloc((size_t)U * 8);
     t_fill_bf16(kv, (size_t)U * SMLA_DC, -1.0, 1.0);
     t_fill_bf16(pe, (size_t)U * (size_t)dr, -1.0, 1.0);
+    /* FP8_DS: each group of each row its own magnitude (2^0..2^-5), so that the writer
+     * picks different power-of-two scales per group and per row: a reader that applies
+     * one group's scale to all four, or one row's to another, is wrong by up to 32x. */
+    if (pb->format == SMLA_CACHE_FP8_DS)
+      for (int64_t i = 0; i < U * (SMLA_DC / 128); i++) {
+        const float f = ldexpf(1.0f, -(int)t_rng_int(0, 5));
+        for (int j = 0; j < 128; j++) kv[i * 128 + j] = smla_f32_to_bf16(smla_bf16_to_f32(kv[i * 128 + j]) * f);
+      }
     int64_t u = 0;
     for (int64_t s = 0; s < S; s++)
       if (used[s]) slot[u++] = s;
@@ -450,6 +511,7 @@ void fwd_check(t_case *tc, const fwd_problem *pb, const fwd_result *res, const f
   t_gather(o, res->out, 2, T, N, SMLA_DC, pb->out_st, pb->out_sh);
   snprintf(what, sizeof what, "out vs %s", against);
   t_check_bf16(tc, what, o, r->out, t_shape3(T, N, SMLA_DC), TOL_OUT);
+  t_check_bf16_unbiased(tc, what, o, r->out, TN, SMLA_DC, OUT_MODEL);
   free(o);
   t_check_gaps(tc, "out", res->out, 2, T, N, SMLA_DC, pb->out_st, pb->out_sh);
   float *f = t_xmalloc((size_t)(TN ? TN : 1) * 4);

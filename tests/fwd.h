@@ -8,7 +8,9 @@
  *   fwd_make_inputs(tc, &pb);          // q (gaps NaN), slots in [0, S), lengths = K, sink
  *   ...edit pb.slots / pb.lengths / q...
  *   fwd_make_cache(tc, &pb);           // used rows: random bf16 via smla_cache_write on the
- *                                      // CPU; every other row (and scale) NaN
+ *                                      // CPU (FP8_DS: each group of each row its own
+ *                                      // magnitude, so scales differ; foreign_ds: the
+ *                                      // tests' own writer); every other row (and scale) NaN
  *   fwd_run(tc, &pb);                  // ref + every backend, checks, bitwise repeat
  *   fwd_free(&pb);
  */
@@ -35,6 +37,10 @@ typedef struct {
   /* op options */
   float sm_scale, softcap;
   int use_lengths, use_sink;          /* pass lengths / sink (else NULL) */
+  /* FP8_DS only: 1 = the used rows are written by the tests' own foreign writer
+   * (fwd_make_cache), not by smla_cache_write: plain amax/448 group scales (not powers of
+   * two), group magnitudes 2^-20..2^8, saturated groups, all-zero groups with scale 0. */
+  int foreign_ds;
   int want_lse, want_ml, want_bad;    /* pass lse / max_logit / bad_inputs (else NULL) */
   /* plan options */
   int64_t max_tokens;                 /* the plan's max T (>= T) */

@@ -33,6 +33,8 @@ smla_context *t_on(t_case *tc, int b) {
   return g_backends[b].ctx;
 }
 
+void t_skip(t_case *tc, const char *why) { tc->skip_why[tc->cur] = why; }
+
 int t_device(const t_case *tc) { return g_backends[tc->cur].device; }
 
 static void vfail(t_case *tc, const char *fmt, va_list ap) {
@@ -312,6 +314,40 @@ int t_check_f32(t_case *tc, const char *what, const float *got, const double *re
   return check_generic(tc, what, got, load_f32, ref, shape, tol);
 }
 
+int t_check_bf16_unbiased(t_case *tc, const char *what, const uint16_t *got, const double *ref,
+                          int64_t rows, int64_t row_len, t_round_model m) {
+  double bias = 0.0, sum_abs = 0.0, sum_sq = 0.0, err_sq = 0.0, row_terms = 0.0;
+  int64_t n = 0;
+  for (int64_t r = 0; r < rows; r++) {
+    double row_abs = 0.0;
+    for (int64_t d = 0; d < row_len; d++) {
+      const int64_t i = r * row_len + d;
+      const double g = (double)smla_bf16_to_f32(got[i]), x = ref[i];
+      if (!isfinite(g) || !isfinite(x) || x == 0.0) continue;
+      bias += (g - x) * (x > 0 ? 1.0 : -1.0);
+      row_abs += fabs(x);
+      sum_sq += x * x;
+      err_sq += (g - x) * (g - x);
+      n++;
+    }
+    sum_abs += row_abs;
+    row_terms += row_abs * row_abs;
+  }
+  if (n == 0) return 1; /* all zero or non-finite: nothing to measure */
+  const double b = bias / sum_abs;
+  const double bound = m.sigmas * sqrt(m.elem_var * sum_sq + m.row_var * row_terms) / sum_abs +
+                       m.abs_slack;
+  const double frob = sqrt(err_sq / sum_sq);
+  const int ok_b = t_expect(tc, fabs(b) <= bound,
+                            "%s: biased: mean signed error %.3g of |ref| over %lld elements, "
+                            "bound %.3g (rounding to nearest is unbiased)",
+                            what, b, (long long)n, bound);
+  const int ok_f = t_expect(tc, frob <= m.frob,
+                            "%s: relative Frobenius error %.3g over %lld elements, bound %.3g",
+                            what, frob, (long long)n, m.frob);
+  return ok_b && ok_f;
+}
+
 int t_check_i32(t_case *tc, const char *what, const int32_t *got, const int32_t *ref,
                 t_shape shape) {
   const int64_t n = t_shape_count(shape);
@@ -401,7 +437,8 @@ static uint64_t name_hash(const char *s) {
   return h;
 }
 
-int t_run_cases(const char *filter, uint64_t seed, int list, int *passed, int *failed) {
+int t_run_cases(const char *filter, uint64_t seed, int list, int *passed, int *failed,
+                int *skipped) {
   int matched = 0;
   for (int i = 0; i < num_cases; i++) {
     if (filter && !strstr(cases[i].name, filter)) continue;
@@ -421,10 +458,14 @@ int t_run_cases(const char *filter, uint64_t seed, int list, int *passed, int *f
     for (int b = 0; b < g_num_backends; b++) {
       if (!tc.ran[b]) continue;
       any = 1;
+      const int skip = !tc.fails[b] && tc.skip_why[b];
       if (tc.fails[b]) (*failed)++;
+      else if (skip) (*skipped)++;
       else (*passed)++;
-      printf("%s %s [%s]", tc.fails[b] ? "FAIL" : "ok  ", tc.name, g_backends[b].name);
+      printf("%s %s [%s]", tc.fails[b] ? "FAIL" : skip ? "skip" : "ok  ", tc.name,
+             g_backends[b].name);
       if (tc.fails[b]) printf(" (%d failed checks)", tc.fails[b]);
+      if (skip) printf(" (%s)", tc.skip_why[b]);
       printf(" %.0f ms\n", ms);
     }
     if (!any) { /* a case that checks nothing is a broken test */

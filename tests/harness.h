@@ -41,6 +41,7 @@ typedef struct {
   int cur;                         /* backend the checks are charged to */
   int ran[T_MAX_BACKENDS];         /* backends this case ran on */
   int fails[T_MAX_BACKENDS];       /* failed checks per backend */
+  const char *skip_why[T_MAX_BACKENDS]; /* t_skip: reported as skipped on that backend */
   int checks;                      /* checks made (all backends) */
   int printed;                     /* failure lines printed so far (capped) */
 } t_case;
@@ -48,6 +49,10 @@ typedef struct {
 /* Charge the following checks to backend b and mark it as run. Returns its context, or
  * NULL (after recording a failure) when that backend has no context. */
 smla_context *t_on(t_case *tc, int b);
+/* Reports this case as skipped, not passed, on the current backend (`why`: a static string
+ * saying what the case tests that this backend does not have). The checks it still makes
+ * there (e.g. a CPU result kept as the GPU's comparison) count: a failure is a failure. */
+void t_skip(t_case *tc, const char *why);
 /* The device (devmem.h) of the backend checks are charged to. */
 int t_device(const t_case *tc);
 
@@ -124,6 +129,22 @@ int t_check_bf16(t_case *tc, const char *what, const uint16_t *got, const double
                  t_shape shape, t_tol tol);
 int t_check_f32(t_case *tc, const char *what, const float *got, const double *ref,
                 t_shape shape, t_tol tol);
+/* Statistical checks of a bf16 result whose only errors should be roundings to nearest
+ * (unbiased), over the elements where both got and ref are finite and ref != 0 (NaN, inf
+ * and poison positions are t_check_bf16's business). `rows` rows of `row_len` elements.
+ *  - bias  b = sum (got - ref) sgn(ref) / sum |ref|  must satisfy
+ *          |b| <= sigmas * sqrt(elem_var sum ref^2 + row_var sum_rows (sum_row |ref|)^2)
+ *                 / sum |ref| + abs_slack,
+ *    elem_var: variance of independent per-element relative errors; row_var: variance of
+ *    a relative error shared by a whole row (fully correlated inside it).
+ *  - ||got - ref|| / ||ref|| <= frob.
+ * A rounding that is biased (truncation) or an error larger than roundings (a wrong scale,
+ * a dropped tile) fails one of them where the elementwise bound may not. */
+typedef struct {
+  double elem_var, row_var, sigmas, abs_slack, frob;
+} t_round_model;
+int t_check_bf16_unbiased(t_case *tc, const char *what, const uint16_t *got, const double *ref,
+                          int64_t rows, int64_t row_len, t_round_model m);
 /* Exact comparisons. */
 int t_check_i32(t_case *tc, const char *what, const int32_t *got, const int32_t *ref,
                 t_shape shape);
@@ -140,9 +161,10 @@ void t_f32_to_double(const float *src, double *dst, int64_t n);
 typedef void (*t_case_fn)(t_case *tc);
 void t_register(const char *name, t_case_fn fn);
 /* Runs the cases whose name contains filter (NULL: all), in registration order; adds one
- * pass or fail per (case, backend run). `list` != 0 prints the names only. Returns the
- * number of cases that matched. */
-int t_run_cases(const char *filter, uint64_t seed, int list, int *passed, int *failed);
+ * pass, fail or skip per (case, backend run). `list` != 0 prints the names only. Returns
+ * the number of cases that matched. */
+int t_run_cases(const char *filter, uint64_t seed, int list, int *passed, int *failed,
+                int *skipped);
 double t_now_ms(void);
 
 /* Each cases file registers its cases. */

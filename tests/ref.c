@@ -342,10 +342,15 @@ void ref_merge(const smla_merge_params *p, double *out, double *lse) {
         const double l = p->lse_p[q * p->lse_p_stride_p + t * p->lse_p_stride_t + h];
         if (l != -INFINITY) wsum += exp(l - mx);
       }
+      /* With a sink the partials are sinked forwards' outputs: out_p = A_p / (e^lse_p + e^s)
+       * (in units of the partial's own max), so the whole is
+       * sum_p (e^lse_p + e^s) out_p / (e^lse + e^s), each weight taken relative to mx. */
+      const double s = p->sink ? (double)p->sink[h] : 0.0;
+      const double whole = p->sink ? wsum + exp(s - mx) : wsum;
       for (int q = 0; q < P; q++) {
         const double l = p->lse_p[q * p->lse_p_stride_p + t * p->lse_p_stride_t + h];
         if (l == -INFINITY) continue; /* contributes nothing: its out_p is not read */
-        const double w = exp(l - mx) / wsum;
+        const double w = (exp(l - mx) + (p->sink ? exp(s - mx) : 0.0)) / whole;
         const int64_t base = q * p->out_p_stride_p + t * p->out_p_stride_t + h * p->out_p_stride_h;
         for (int d = 0; d < dv; d++) o[d] += w * read_val(p->out_p, p->out_p_dtype, base + d);
       }

@@ -64,7 +64,8 @@ void ref_forward(const smla_forward_params *p, double *out, double *lse, double 
                  uint64_t *bad);
 
 /* 4. Merge partial states. out is dense [T][N][dv], lse dense [T][N]. Partials with
- * lse = -inf are not read at all. A NaN or +inf lse_p makes that (t, h)'s out and lse NaN
+ * lse = -inf are not read at all. With p->sink the partials are sinked forwards' outputs
+ * (the header's rule, in plain exp form: the tests keep sink - lse_p moderate). A NaN or +inf lse_p makes that (t, h)'s out and lse NaN
  * (then no out_p of it is read either). */
 void ref_merge(const smla_merge_params *p, double *out, double *lse);
 

@@ -8,8 +8,11 @@
  *   build/test_smla --filter forward_K    only cases whose name contains the string
  *   build/test_smla --list                case names
  *
- * First line: the seed. Last line: "N passed, M failed" (one count per case and backend
- * it ran on); the exit status is 1 when anything failed.
+ * First line: the seed. Last line: "N passed, M failed, K skipped" (one count per case and
+ * backend it ran on or would have run on: without a GPU every case's CUDA run, and the two
+ * CUDA-only checks, are counted as skipped; a case that tests nothing a backend has, such
+ * as forced KV splits on the CPU, reports "skip" there); the exit status is 1 when
+ * anything failed.
  */
 #include "harness.h"
 
@@ -84,9 +87,9 @@ int main(int argc, char **argv) {
   t_register_meta_cases();
   t_register_validate_cases();
   t_register_dcp_cases();
-  int passed = 0, failed = 0;
+  int passed = 0, failed = 0, skipped = 0;
   if (list) {
-    t_run_cases(filter, seed, 1, &passed, &failed);
+    t_run_cases(filter, seed, 1, &passed, &failed, &skipped);
     return 0;
   }
 
@@ -121,7 +124,16 @@ int main(int argc, char **argv) {
   fflush(stdout);
 
   const double t0 = t_now_ms();
-  int matched = t_run_cases(filter, seed, 0, &passed, &failed);
+  int matched = t_run_cases(filter, seed, 0, &passed, &failed, &skipped);
+  /* Without a GPU, each matched case's CUDA run (and the graph and stress checks below)
+   * did not happen: counted as skipped, so the closing line says so. */
+  int gpu_skipped = 0;
+  if (gpus <= 0) {
+    gpu_skipped = matched;
+    if (!filter || strstr("cuda_graph", filter)) gpu_skipped++;
+    if (!filter || strstr("cuda_stress", filter)) gpu_skipped++;
+    skipped += gpu_skipped;
+  }
 
 #ifdef SMLA_HAVE_CUDA
   /* Counted like a case: passed once, or failed once per failed check. */
@@ -154,7 +166,10 @@ int main(int argc, char **argv) {
   }
   printf("time: %.1f s\n", (t_now_ms() - t0) / 1000.0);
   for (int b = 0; b < g_num_backends; b++) smla_context_destroy(g_backends[b].ctx);
-  printf("%d passed, %d failed\n", passed, failed);
+  if (gpu_skipped)
+    printf("GPU: %d case runs SKIPPED (no CUDA device: each case's cuda:0 run and the "
+           "CUDA-only checks)\n", gpu_skipped);
+  printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
   fflush(stdout);
   return failed ? 1 : 0;
 }

@@ -24,7 +24,7 @@ from ._lib import SmlaError, library_path
 from ._ops import (KVCache, Plan, build_metadata, cache_write, convert_indices, forward,
                    merge_states, prepare_plans, set_num_threads)
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 CACHE_BF16 = _lib.CACHE_BF16
 CACHE_FP8_TENSOR = _lib.CACHE_FP8_TENSOR
@@ -40,7 +40,7 @@ HAVE_TORCH = _torch is not None
 
 
 def version():
-    """The library's version string (smla_version_string), e.g. "0.2.0"."""
+    """The library's version string (smla_version_string), e.g. "0.3.0"."""
     return _lib.version_string()
 
 

@@ -182,6 +182,7 @@ class smla_merge_params(ctypes.Structure):
         ("out_stride_h", c_int64),
         ("lse", c_void_p),
         ("lse_stride_t", c_int64),
+        ("sink", c_void_p),
     ]
 
 
@@ -201,7 +202,7 @@ class smla_metadata_params(ctypes.Structure):
 # The sizes on LP64 (Linux x86_64 / aarch64), as the C compiler lays them out.
 EXPECTED_SIZES = {
     "smla_cache": 40, "smla_convert_params": 112, "smla_cache_write_params": 96,
-    "smla_plan_desc": 32, "smla_forward_params": 208, "smla_merge_params": 136,
+    "smla_plan_desc": 32, "smla_forward_params": 208, "smla_merge_params": 144,
     "smla_metadata_params": 56,
 }
 

@@ -974,10 +974,14 @@ def _dtype_code(d, fn):
 
 
 def merge_states(out_p, lse_p, *, out_dtype=None, return_lse=False, out=None, lse=None,
-                 stream=None):
+                 sink=None, stream=None):
     """Merge P partial attention states (SPEC op 4; split-KV combine, context parallelism):
     lse = log sum_p exp(lse_p), out = sum_p exp(lse_p - lse) out_p. A partial with
     lse_p = -inf contributes nothing (its out_p is not read); all -inf: out 0, lse -inf.
+    sink: [N] float32, the sink the partials' forwards were given (forward(sink=...)):
+      then w_p = (exp(lse_p) + exp(sink)) / (exp(lse) + exp(sink)), so merging the parts of
+      a sinked forward equals the sinked forward over their union (include/smla.h). Without
+      it, sinked partials would count the sink once per part.
 
     out_p: [P, T, N, dv] bf16 or float32 (numpy: uint16 bf16 bits or float32), dv 1..512,
       any outer strides.  lse_p: [P, T, N] float32.
@@ -985,13 +989,14 @@ def merge_states(out_p, lse_p, *, out_dtype=None, return_lse=False, out=None, ls
     out / lse: preallocated outputs [T, N, dv] / [T, N] float32.
     Returns out, or (out, lse) when return_lse (or lse given)."""
     if _compiling() and isinstance(out_p, Tensor):
-        return _traced().merge_traced(out_p, lse_p, out_dtype, return_lse, out, lse)
+        return _traced().merge_traced(out_p, lse_p, out_dtype, return_lse, out, lse, sink)
     want_lse = return_lse or lse is not None
-    out, lse = merge_into(out_p, lse_p, out_dtype, want_lse, out, lse, stream)
+    out, lse = merge_into(out_p, lse_p, out_dtype, want_lse, out, lse, stream, sink=sink)
     return (out, lse) if want_lse else out
 
 
-def merge_into(out_p, lse_p, out_dtype, want_lse, out, lse, stream, fn="merge_states"):
+def merge_into(out_p, lse_p, out_dtype, want_lse, out, lse, stream, fn="merge_states",
+               sink=None):
     kind = kind_of(out_p, fn, "out_p")
     dev = device_of(out_p)
     if dev is None:
@@ -1022,9 +1027,14 @@ def merge_into(out_p, lse_p, out_dtype, want_lse, out, lse, stream, fn="merge_st
             est = est[0]
     else:
         ep, est = None, 0
+    kp = None
+    if sink is not None:
+        kp, ks, _, _ = arg(sink, fn, "sink", _F32, 1, kind, dev)
+        if tuple(ks) != (N,):
+            fail(fn, "sink", "expected shape [%d] (N of out_p), got %s" % (N, tuple(ks)))
     code = {"bf16": _lib.DTYPE_BF16, "f32": _lib.DTYPE_F32}
     p = _lib.smla_merge_params(P, T, N, dv, op_, code[in_code], ost[0], ost[1], ost[2], lp,
-                               lst[0], lst[1], rp, code[oc], rst[0], rst[1], ep, est)
+                               lst[0], lst[1], rp, code[oc], rst[0], rst[1], ep, est, kp)
     ctx = context(dev)
     _lib.check(L.smla_merge_states(ctx, ctypes.byref(p), _stream(stream, dev)), ctx)
     return out, lse

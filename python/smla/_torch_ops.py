@@ -11,8 +11,8 @@ Registered at `import smla` when torch is present:
   smla::convert_indices_out(req_id, block_table, local, slots, valid?, block_size, compact,
                             cp_size, cp_rank, cp_interleave)
   smla::cache_write(kv_c, k_pe?, slot, cache, bad_inputs?, format, dr, scale)   mutates cache
-  smla::merge_states(out_p, lse_p, out_bf16, want_lse) -> (out, lse)
-  smla::merge_states_out(out_p, lse_p, out, lse?)
+  smla::merge_states(out_p, lse_p, out_bf16, want_lse, sink?) -> (out, lse)
+  smla::merge_states_out(out_p, lse_p, out, lse?, sink?)
   smla::build_metadata(query_start_loc, seq_lens, num_tokens, topk) -> (req_id, ctx_len, limit)
 
 Each has a fake (meta) implementation giving output shapes from input shapes, so that
@@ -139,28 +139,29 @@ if HAVE_CUSTOM_OP:
 
     # ---- merge ------------------------------------------------------------------------------------
     @custom_op("smla::merge_states", mutates_args=())
-    def merge_op(out_p: Tensor, lse_p: Tensor, out_bf16: bool,
-                 want_lse: bool) -> Tuple[Tensor, Tensor]:
+    def merge_op(out_p: Tensor, lse_p: Tensor, out_bf16: bool, want_lse: bool,
+                 sink: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         P, T, N, dv = out_p.shape
         out = out_p.new_empty((T, N, dv), dtype=torch.bfloat16 if out_bf16 else torch.float32)
         lse = lse_p.new_empty((T, N) if want_lse else (0,))
         _ops.merge_into(out_p, lse_p, out.dtype, want_lse, out, lse if want_lse else None,
-                        None)
+                        None, sink=sink)
         return out, lse
 
     @merge_op.register_fake
-    def _merge_fake(out_p, lse_p, out_bf16, want_lse):
+    def _merge_fake(out_p, lse_p, out_bf16, want_lse, sink=None):
         P, T, N, dv = out_p.shape
         return (out_p.new_empty((T, N, dv),
                                 dtype=torch.bfloat16 if out_bf16 else torch.float32),
                 lse_p.new_empty((T, N) if want_lse else (0,)))
 
     @custom_op("smla::merge_states_out", mutates_args=("out", "lse"))
-    def merge_out_op(out_p: Tensor, lse_p: Tensor, out: Tensor, lse: Optional[Tensor]) -> None:
-        _ops.merge_into(out_p, lse_p, out.dtype, lse is not None, out, lse, None)
+    def merge_out_op(out_p: Tensor, lse_p: Tensor, out: Tensor, lse: Optional[Tensor],
+                     sink: Optional[Tensor] = None) -> None:
+        _ops.merge_into(out_p, lse_p, out.dtype, lse is not None, out, lse, None, sink=sink)
 
     @merge_out_op.register_fake
-    def _merge_out_fake(out_p, lse_p, out, lse):
+    def _merge_out_fake(out_p, lse_p, out, lse, sink=None):
         return None
 
     # ---- metadata (host) ------------------------------------------------------------------------
@@ -250,13 +251,13 @@ def cache_write_traced(kv_c, k_pe, slot, cache, format, dr, scale, bad_inputs):
     torch.ops.smla.cache_write(kv_c, k_pe, slot, data, bad_inputs, fmt, d, float(sc))
 
 
-def merge_traced(out_p, lse_p, out_dtype, return_lse, out, lse):
+def merge_traced(out_p, lse_p, out_dtype, return_lse, out, lse, sink=None):
     _need_ops()
     want_lse = return_lse or lse is not None
     if out is None and lse is None:
         oc = _ops._dtype_code(out_dtype, "merge_states")
         bf16 = (out_p.dtype == torch.bfloat16) if oc is None else oc == "bf16"
-        out, lse = torch.ops.smla.merge_states(out_p, lse_p, bf16, want_lse)
+        out, lse = torch.ops.smla.merge_states(out_p, lse_p, bf16, want_lse, sink)
     else:
         if out is None:
             oc = _ops._dtype_code(out_dtype, "merge_states")
@@ -265,7 +266,7 @@ def merge_traced(out_p, lse_p, out_dtype, return_lse, out, lse):
             out = out_p.new_empty(out_p.shape[1:], dtype=dt)
         if want_lse and lse is None:
             lse = lse_p.new_empty(lse_p.shape[1:])
-        torch.ops.smla.merge_states_out(out_p, lse_p, out, lse)
+        torch.ops.smla.merge_states_out(out_p, lse_p, out, lse, sink)
     return (out, lse) if want_lse else out
 
 

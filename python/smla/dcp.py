@@ -64,11 +64,13 @@ class PartialBuffers:
         else:
             dist.all_gather(list(self.recv.unbind(0)), self.send.clone(), group=self.group)
 
-    def gather_merge(self, out=None, lse=None, return_lse=False):
+    def gather_merge(self, out=None, lse=None, return_lse=False, sink=None):
         """All-gather, then the exact merge of the W partials. -> out [T, N, 512] bf16 (and
-        lse [T, N] float32 when return_lse): attention over every rank's tokens."""
+        lse [T, N] float32 when return_lse): attention over every rank's tokens.
+        sink: the [N] float32 sink every rank's forward was given (forward(sink=...)), so
+        that it counts once in the merged result, not once per rank."""
         self.all_gather()
         o = self.merged_out if out is None else out
         e = self.merged_lse if lse is None else lse
-        _ops.merge_states(self.out_p, self.lse_p, out=o, lse=e)
+        _ops.merge_states(self.out_p, self.lse_p, out=o, lse=e, sink=sink)
         return (o, e) if return_lse else o

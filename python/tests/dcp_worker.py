@@ -31,7 +31,7 @@ def shard_cache(torch, rows, owned, bs, rng):
     return (torch.from_numpy(cache).to(torch.bfloat16), torch.from_numpy(table)[None])
 
 
-def main(rank, world, interleave, init_file, seed):
+def main(rank, world, interleave, init_file, seed, use_sink=0):
     import torch
     import torch.distributed as dist
     import smla
@@ -50,14 +50,17 @@ def main(rank, world, interleave, init_file, seed):
     slots, valid = smla.convert_indices(req, table, post, block_size=bs, compact=True,
                                         return_valid=True, cp_size=world, cp_rank=rank,
                                         cp_interleave=interleave)
+    # A sink on every rank's forward, given to the merge too: it must count once.
+    sink = (torch.from_numpy(np.random.default_rng(seed + 99).uniform(0.0, 4.0, N)
+                             .astype(np.float32)) if use_sink else None)
     bufs = smla.dcp.PartialBuffers(T, N)
-    smla.forward(qt, None, cache, slots, lengths=valid, out=bufs.out, lse=bufs.lse)
-    out, lse = bufs.gather_merge(return_lse=True)
+    smla.forward(qt, None, cache, slots, lengths=valid, out=bufs.out, lse=bufs.lse, sink=sink)
+    out, lse = bufs.gather_merge(return_lse=True, sink=sink)
     # The union on one "rank": every token, its own block table.
     ucache, utable = shard_cache(torch, rows, list(range(L)), bs, np.random.default_rng(seed))
     us, uv = smla.convert_indices(req, utable, post, block_size=bs, compact=True,
                                   return_valid=True)
-    r_out, r_lse = smla.forward(qt, None, ucache, us, lengths=uv, return_lse=True)
+    r_out, r_lse = smla.forward(qt, None, ucache, us, lengths=uv, return_lse=True, sink=sink)
     # bf16 partials, merged: the forward's bound plus one bf16 rounding of each partial
     # (values in [-1, 1]): |d| <= 4e-3 + 1e-2 |ref| (tests/cases_dcp.c).
     d = (out.float() - r_out.float()).abs()
@@ -74,7 +77,7 @@ def main(rank, world, interleave, init_file, seed):
 if __name__ == "__main__":
     try:
         main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
-             int(sys.argv[5]))
+             int(sys.argv[5]), int(sys.argv[6]) if len(sys.argv) > 6 else 0)
     except Exception:  # the parent prints this and fails the test
         traceback.print_exc()
         sys.exit(1)

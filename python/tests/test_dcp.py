@@ -19,14 +19,17 @@ if not torch.distributed.is_available():
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.parametrize("world,interleave", [(2, 1), (3, 16)])
-def test_dcp_over_gloo(tmp_path, world, interleave):
+# With sink: every rank's forward and the merge take the same sink, and the merged result
+# must equal the sinked forward over the union (the sink counted once, not once per rank).
+@pytest.mark.parametrize("world,interleave,sink", [(2, 1, 0), (3, 16, 0), (2, 1, 1), (5, 16, 1),
+                                                   (8, 1, 1)])
+def test_dcp_over_gloo(tmp_path, world, interleave, sink):
     init = str(tmp_path / "rendezvous")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, ".."), HERE,
                                          env.get("PYTHONPATH", "")])
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "dcp_worker.py"), str(r),
-                               str(world), str(interleave), init, "11"], env=env,
+                               str(world), str(interleave), init, "11", str(sink)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for r in range(world)]
     logs = []

@@ -159,17 +159,23 @@ static void merge_row(void *arg, int64_t t, int worker) {
       lse = -INFINITY;
     } else {
       float z = 0.0f;
+      for (int q = 0; q < p->num_partials; q++) {
+        const float l = p->lse_p[q * p->lse_p_stride_p + t * p->lse_p_stride_t + h];
+        if (l != -INFINITY) z += expf(l - m);
+      }
+      lse = m + logf(z);
+      /* Sinked partials (header): w_p = exp(lae(lse_p, s) - lae(lse, s)). */
+      const float s = p->sink ? p->sink[h] : 0.0f;
+      const float lae_all = p->sink ? smla_logaddexpf(lse, s) : lse;
       for (int d = 0; d < p->dv; d++) acc[d] = 0.0f;
       for (int q = 0; q < p->num_partials; q++) {
         const float l = p->lse_p[q * p->lse_p_stride_p + t * p->lse_p_stride_t + h];
         if (l == -INFINITY) continue; /* contributes nothing, its out_p is not read */
-        const float w = expf(l - m);
-        z += w;
+        const float w = expf((p->sink ? smla_logaddexpf(l, s) : l) - lae_all);
         const int64_t i = q * p->out_p_stride_p + t * p->out_p_stride_t + h * p->out_p_stride_h;
         for (int d = 0; d < p->dv; d++) acc[d] += w * load_elem(p->out_p, p->out_p_dtype, i + d);
       }
-      for (int d = 0; d < p->dv; d++) store_elem(p->out, p->out_dtype, o + d, acc[d] / z);
-      lse = m + logf(z);
+      for (int d = 0; d < p->dv; d++) store_elem(p->out, p->out_dtype, o + d, acc[d]);
     }
     if (p->lse) p->lse[t * p->lse_stride_t + h] = lse;
   }

@@ -266,6 +266,8 @@ static smla_status cuda_merge(smla_context *ctx, const smla_merge_params *p, voi
   a.out_stride_h = p->out_stride_h;
   a.lse = p->lse;
   a.lse_stride_t = p->lse_stride_t;
+  a.sink = p->sink;
+  a.sinked = p->sink != NULL;
   return launched(ctx, prev, smla_cuda_merge(&a, stream), "smla_merge_states: kernel");
 }
 

@@ -81,6 +81,9 @@ typedef struct smla_cuda_merge_args {
   float *max_logit;            /* [T][N] = max over p of max_p; NULL unless max_p is set */
   int64_t max_logit_stride_t;
   const float *sink;           /* [N]: out *= 1 / (1 + exp(sink[h] - lse)); may be NULL */
+  int sinked;                  /* 1: the partials are sinked forwards' outputs (the public
+                                  merge with a sink, smla.h): weights exp(lae(lse_p, s) -
+                                  lae(lse, s)) and no factor. Only merge_kernel (v1) runs. */
   int dense;                   /* 1: every partial row is written, -inf ones too (the
                                   forward's): loads may be issued before the lse is known */
   int pdl;                     /* 1: launched as a programmatic dependent of the previous

@@ -1,6 +1,7 @@
 /*
  * merge.cu: exact log-sum-exp merge of P partial states (SPEC §4), also the forward's
- * split-KV combine (with max_p -> max_logit and the sink factor 1 / (1 + exp(sink - lse))).
+ * split-KV combine (with max_p -> max_logit and the sink factor 1 / (1 + exp(sink - lse))),
+ * and the public merge of sinked partials (merge_kernel only: a.sinked).
  *
  * Merged rows: one block of 128 threads per (t, h) (merge_kernel), or for few rows with
  * many partials one block per (t, h, 128 columns) (merge3_kernel), or for the forward's
@@ -9,6 +10,7 @@
  * when T * N is small (T=1 N=16 P=32: 1 MB of partials, L2-resident, ~2 us).
  */
 #include "kernels.h"
+#include "numerics.h"
 #include "ptx.cuh"
 
 #include <cuda_bf16.h>
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const smla_cuda_me
     for (int o = 16; o; o >>= 1) m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (lane == 0) {
       lse_s = lse;
-      factor_s = a.sink && lse != NEG_INF ? 1.0f / (1.0f + expf(a.sink[h] - lse)) : 1.0f;
+      factor_s = a.sink && !a.sinked && lse != NEG_INF ? 1.0f / (1.0f + expf(a.sink[h] - lse)) : 1.0f;
       valid_s = valid;
       if (a.lse) a.lse[t * a.lse_stride_t + h] = lse;
       if (a.max_p && a.max_logit) a.max_logit[t * a.max_logit_stride_t + h] = m;
@@ -122,6 +124,9 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const smla_cuda_me
   }
   __syncthreads();
   const float lse = lse_s, factor = factor_s;
+  /* Sinked partials: w_p = exp(lae(lse_p, s) - lae(lse, s)) (smla.h, merge). */
+  const float sink_h = a.sinked ? a.sink[h] : 0.0f;
+  const float lae_all = a.sinked && lse == lse ? smla_logaddexpf(lse, sink_h) : lse;
   const int64_t out_off = t * a.out_stride_t + (int64_t)h * a.out_stride_h;
   const int64_t in_off = t * a.out_p_stride_t + (int64_t)h * a.out_p_stride_h;
   float acc[4][4];
@@ -136,7 +141,8 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const smla_cuda_me
       for (int i = tid; i < n; i += MERGE_THREADS) {
         const float l = lse_p[(p0 + i) * a.lse_p_stride_p];
         const bool skip = l == NEG_INF;
-        w_s[i] = skip ? -1.0f : expf(l - lse); /* -1: contributes nothing (NaN stays) */
+        w_s[i] = skip ? -1.0f /* contributes nothing (NaN stays) */
+                 : a.sinked ? expf(smla_logaddexpf(l, sink_h) - lae_all) : expf(l - lse);
         idx_s[i] = skip ? valid_s : p0 + i;
       }
       __syncthreads();
@@ -402,7 +408,7 @@ extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stre
                   aligned4(a->out, a->out_bf16 ? 2 : 4, 0, a->out_stride_t, a->out_stride_h);
   const int64_t blocks3 = blocks * ((a->dv + MERGE3_COLS - 1) / MERGE3_COLS);
   const int P = a->num_partials;
-  if (vec && a->dense && !a->out_p_bf16 && a->dv == 512 && P >= 2 && P <= 8) {
+  if (vec && a->dense && !a->sinked && !a->out_p_bf16 && a->dv == 512 && P >= 2 && P <= 8) {
     static const void *const k4[7] = {
         (const void *)merge4_kernel<2>, (const void *)merge4_kernel<3>,
         (const void *)merge4_kernel<4>, (const void *)merge4_kernel<5>,
@@ -421,7 +427,7 @@ extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stre
     return cudaLaunchKernelExC(&c, k4[P - 2], args);
   }
   /* v3 where v1 has too few blocks to hide its dependent rounds (see merge3_kernel). */
-  if (vec && a->num_partials >= 8 && blocks <= MERGE3_MAX_ROWS && !a->fixed_order)
+  if (vec && a->num_partials >= 8 && blocks <= MERGE3_MAX_ROWS && !a->fixed_order && !a->sinked)
     merge3_kernel<<<(unsigned)blocks3, MERGE3_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
   else if (vec)
     merge_kernel<1><<<(unsigned)blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
