@@ -32,15 +32,30 @@
  *   graph. (The CPU backend allocates no memory either, but starts its worker threads per
  *   call.)
  * - Strides are in elements of the tensor's own type, one per outer dimension; the last
- *   dimension is contiguous. A stride is checked only when its dimension has more than one
- *   element: it must be at least the extent of the dimensions inside it (no overlap).
- * - Alignment: bf16 tensors of forward and cache write (q_nope, q_pe, out, kv_c, k_pe) must start 16-byte aligned
- *   and have strides that are multiples of 8 elements; cache data must be 16-byte aligned
- *   with row_bytes a multiple of 16; int32/int64/float arrays naturally aligned.
+ *   dimension is contiguous. Any layout in which distinct indices address distinct
+ *   elements is accepted, whatever the order of the strides: a head-major q (stride_t = Dc,
+ *   stride_h = T * Dc, what torch's q.transpose(0, 1).contiguous().transpose(0, 1) gives)
+ *   is as good as a token-major one. The check: taken by increasing stride, each stride
+ *   must step over all that the dimensions of smaller stride span (the innermost run of
+ *   the last dimension included; span = (count - 1) * stride + the inner span). A
+ *   dimension of one element is free (its stride is not looked at). Strides must be >= 0
+ *   and <= 2^40, and a tensor must span at most 2^48 elements (address arithmetic stays
+ *   in int64). Anything else: SMLA_ERR_INVALID_ARGUMENT naming the stride. Distinct
+ *   tensors are not checked against each other (except convert's slots and local); an
+ *   output that overlaps an input gives unspecified results.
+ * - Alignment: bf16 tensors of forward and cache write (q_nope, q_pe, out, kv_c, k_pe)
+ *   must start 16-byte aligned and have strides that are multiples of 8 elements; cache
+ *   data must be 16-byte aligned with row_bytes a multiple of 16; int32/int64/float arrays
+ *   naturally aligned. Else SMLA_ERR_MISALIGNED naming the pointer or stride.
  * - Params structs: zero-initialize them ({0} or memset) and set what you use. Fields may
  *   be appended in minor versions; a zeroed new field keeps the old behaviour.
  * - Bad-input counters (`bad_inputs`, may be NULL) are uint64 in the same memory space as
  *   the data; calls add to them atomically and never reset them (the caller zeroes them).
+ * - Statuses: each op's comment lists what it returns. A NULL ctx or plan returns
+ *   SMLA_ERR_INVALID_ARGUMENT with no message (there is no context to hold one). With
+ *   T = 0 an op only checks its scalar arguments and does nothing (pointers may be NULL).
+ *   On a CUDA context every launching op may also return SMLA_ERR_CUDA (a launch or
+ *   runtime failure; the message has the runtime's text).
  */
 #ifndef SMLA_H
 #define SMLA_H
@@ -114,13 +129,19 @@ typedef enum smla_cache_format {
 size_t smla_cache_row_size(smla_cache_format format, int dr);
 
 /* A KV cache: S = num_slots rows of one format. */
+/* Checked by every op that takes one (statuses as listed there): format one of the three
+ * (else SMLA_ERR_INVALID_ARGUMENT), dr 0 or 64 (else SMLA_ERR_UNSUPPORTED), num_slots
+ * 1..2^31-1 (slots are int32; 0 is an empty cache), row_bytes from the format's row size
+ * up to 1 MiB and a multiple of 16 (else SMLA_ERR_MISALIGNED), data non-NULL and 16-byte
+ * aligned, FP8_TENSOR scale finite and > 0. */
 typedef struct smla_cache {
   smla_cache_format format;
   int dr;              /* rope dims: 64, or 0 for NoPE models */
-  int64_t num_slots;   /* S = num_blocks * block_size, >= 1 */
-  int64_t row_bytes;   /* bytes from one row to the next, >= smla_cache_row_size() */
-  void *data;          /* [S][row_bytes]; read-only for forward */
-  float scale;         /* FP8_TENSOR only: value = e4m3 * scale (> 0, finite) */
+  int64_t num_slots;   /* S = num_blocks * block_size, 1..2^31-1 */
+  int64_t row_bytes;   /* bytes from one row to the next: smla_cache_row_size()..2^20,
+                          a multiple of 16 */
+  void *data;          /* [S][row_bytes], 16-byte aligned; read-only for forward */
+  float scale;         /* FP8_TENSOR only: value = e4m3 * scale (finite, > 0) */
 } smla_cache;
 
 typedef enum smla_dtype { SMLA_DTYPE_BF16 = 0, SMLA_DTYPE_F32 = 1 } smla_dtype;
@@ -135,10 +156,11 @@ typedef struct smla_context smla_context;
 #define SMLA_DEVICE_CPU (-1)
 
 /* Creates a context for the CPU (device = SMLA_DEVICE_CPU) or CUDA device `device`
- * (an ordinal >= 0). Returns SMLA_ERR_NO_CUDA when the library was built without CUDA,
- * SMLA_ERR_NO_DEVICE when there is no such GPU. *ctx is NULL on failure, so there is no
- * context message: smla_cuda_device_name(device, ...) then says why (e.g. the CUDA
- * runtime's answer: no driver, driver too old). */
+ * (an ordinal >= 0). Statuses: OK; INVALID_ARGUMENT (ctx NULL, device < -1); NO_CUDA
+ * (library built without CUDA); NO_DEVICE (no such GPU); UNSUPPORTED (a GPU older than
+ * sm_80); OUT_OF_MEMORY; CUDA. *ctx is NULL on failure, so there is no context message:
+ * smla_cuda_device_name(device, ...) then says why (e.g. the CUDA runtime's answer: no
+ * driver, driver too old). */
 smla_status smla_context_create(smla_context **ctx, int device);
 /* Frees the context; NULL is a no-op. Destroy its plans first. */
 void smla_context_destroy(smla_context *ctx);
@@ -147,11 +169,15 @@ int smla_context_device(const smla_context *ctx);
 /* What went wrong in the last call that failed on this context ("" if none). The string
  * lives in the context until the next failing call. NULL ctx gives a static message. */
 const char *smla_context_message(const smla_context *ctx);
-/* CPU contexts: worker threads per call (0 = one per online core, the default). */
+/* CPU contexts: worker threads per call, 0..256 (0 = one per online core, at most 256:
+ * the default). Plans made afterwards use it; existing plans keep theirs. Statuses: OK,
+ * INVALID_ARGUMENT (NULL ctx, num_threads outside 0..256). Ignored by CUDA contexts. */
 smla_status smla_context_set_num_threads(smla_context *ctx, int num_threads);
 /* Number of CUDA devices visible (0 when built without CUDA or with no GPU). */
 int smla_cuda_device_count(void);
-/* Name of CUDA device `device` into buf (e.g. "NVIDIA H200, sm_90, 132 SMs"). */
+/* Name of CUDA device `device` into buf (e.g. "NVIDIA H200, sm_90, 132 SMs"), or why
+ * there is none. Statuses: OK; INVALID_ARGUMENT (buf NULL or buf_bytes 0); NO_CUDA;
+ * NO_DEVICE; CUDA. */
 smla_status smla_cuda_device_name(int device, char *buf, size_t buf_bytes);
 
 /* ---------------------------------------------------------------------------------------
@@ -160,21 +186,24 @@ smla_status smla_cuda_device_name(int device, char *buf, size_t buf_bytes);
  * or -1 where the entry is invalid: p < 0, p / bs >= B, block_table entry < 0, or r outside
  * [0, R). A slot that would not fit in int32 is also invalid (-1).
  * compact != 0 moves the valid entries of each row to the front, in their order, -1 after.
+ * Statuses: OK; INVALID_ARGUMENT (NULL ctx, params or array, a count or cp field out of
+ * its range below, a stride that makes rows overlap (< K, < B), slots overlapping local
+ * other than exactly in place); MISALIGNED (an int32 array not 4-byte aligned); CUDA.
  * ------------------------------------------------------------------------------------- */
 typedef struct smla_convert_params {
-  int64_t num_tokens;            /* T >= 0 */
+  int64_t num_tokens;            /* T, 0..2^31-1 */
   int topk;                      /* K >= 1: entries per row */
   const int32_t *req_id;         /* [T] request of each row */
   const int32_t *block_table;    /* [R][B] block ids, row stride block_table_stride */
   int num_requests;              /* R >= 1 */
   int blocks_per_request;        /* B >= 1 */
-  int64_t block_table_stride;
+  int64_t block_table_stride;    /* >= B when R > 1 */
   int block_size;                /* bs >= 1 */
   const int32_t *local;          /* [T][K] request-local positions, row stride local_stride */
-  int64_t local_stride;
+  int64_t local_stride;          /* >= K when T > 1 */
   int32_t *slots;                /* [T][K] out, row stride slots_stride; may alias local
                                     only when compact == 0 and the strides are equal */
-  int64_t slots_stride;
+  int64_t slots_stride;          /* >= K when T > 1 */
   int32_t *valid;                /* [T] out: valid entries per row; may be NULL */
   int compact;                   /* 0 or 1 */
   /* Decode context parallelism (0 or 1: off; zero-initialized params leave it off): the
@@ -198,13 +227,19 @@ smla_status smla_convert_indices(smla_context *ctx, const smla_convert_params *p
  * values rounded to nearest-even and saturated at +-448 (NaN stays NaN and is left out of
  * amax; +-Inf saturates). FP8_TENSOR: values / cache.scale, rounded and saturated alike.
  * Duplicate slots in one call: one of the writers wins, which one is unspecified.
+ * Statuses: OK; INVALID_ARGUMENT (NULL ctx, params or array, T out of range, a bad cache
+ * (see smla_cache), a stride that makes rows overlap); UNSUPPORTED (cache.dr not 0 or
+ * 64); MISALIGNED (kv_c / k_pe not 16-byte aligned or a stride not a multiple of 8, slot
+ * or bad_inputs not 8-byte aligned, cache data or row_bytes); CUDA.
  * ------------------------------------------------------------------------------------- */
 typedef struct smla_cache_write_params {
-  int64_t num_tokens;            /* T >= 0 */
+  int64_t num_tokens;            /* T, 0..2^31-1 */
   const void *kv_c;              /* [T][Dc] bf16, row stride kv_c_stride */
-  int64_t kv_c_stride;
-  const void *k_pe;              /* [T][Dr] bf16, row stride k_pe_stride; NULL iff Dr == 0 */
-  int64_t k_pe_stride;
+  int64_t kv_c_stride;           /* >= 512 when T > 1, a multiple of 8 */
+  const void *k_pe;              /* [T][Dr] bf16, row stride k_pe_stride. Dr == 0 (NoPE):
+                                    not read, may be NULL (or a zero-width [T][0] view) */
+  int64_t k_pe_stride;           /* Dr == 64: >= 64 when T > 1, a multiple of 8; Dr == 0:
+                                    ignored */
   const int64_t *slot;           /* [T] destination slot per row */
   smla_cache cache;              /* written */
   uint64_t *bad_inputs;          /* [1] += rows with slot >= S; may be NULL */
@@ -229,14 +264,23 @@ typedef struct smla_plan smla_plan;
 #define SMLA_PLAN_SEPARATE_MERGE 4u
 
 typedef struct smla_plan_desc {
-  int64_t max_tokens;            /* largest T the plan serves, >= 1 */
-  int num_heads;                 /* N, 1..128 */
-  int topk;                      /* K >= 1 */
-  int dr;                        /* 64 or 0 */
+  int64_t max_tokens;            /* largest T the plan serves, 1..2^31-1 */
+  int num_heads;                 /* N, 1..128 (SMLA_MAX_HEADS) */
+  int topk;                      /* K, 1..2^24 */
+  int dr;                        /* 64 or 0 (else SMLA_ERR_UNSUPPORTED) */
   smla_cache_format format;
-  uint32_t flags;                /* SMLA_PLAN_* */
-  int num_splits;                /* KV splits per row: 0 = the plan chooses; > 0 forces it */
+  uint32_t flags;                /* SMLA_PLAN_* (other bits: SMLA_ERR_INVALID_ARGUMENT) */
+  int num_splits;                /* KV splits per row, 0..1024: 0 = the plan chooses; > 0
+                                    forces it (capped at what K allows; the CPU backend
+                                    runs unsplit whatever it is) */
 } smla_plan_desc;
+
+/* Statuses of smla_plan_workspace_size and smla_plan_create: OK; INVALID_ARGUMENT (NULL
+ * ctx, desc, bytes or plan, a desc field out of its range above); UNSUPPORTED (dr not 0
+ * or 64; a GPU with too little shared memory for any kernel; max_tokens so large that one
+ * launch would need more than 2^31-1 blocks); and for smla_plan_create also WORKSPACE
+ * (workspace_bytes below the size), MISALIGNED (workspace not 256-byte aligned),
+ * OUT_OF_MEMORY, CAPTURING, CUDA. The message names the desc field ("desc.topk"). */
 
 /* Workspace bytes a plan of `desc` needs on ctx's device (may be 0). */
 smla_status smla_plan_workspace_size(smla_context *ctx, const smla_plan_desc *desc,
@@ -275,29 +319,40 @@ const char *smla_plan_describe(const smla_plan *plan);
  * Entries >= S or < -1 inside lengths[t] are masked and counted in bad_inputs; entries
  * past lengths[t] are not read. A NaN logit (NaN in q or in a used cache row) makes that
  * (t, h)'s out, lse and max_logit NaN; nothing reads out of bounds.
+ * Statuses: OK; INVALID_ARGUMENT (NULL plan, params or required pointer, T < 0, a bad
+ * cache (see smla_cache), sm_scale not finite and > 0, softcap < 0 or not finite, a layout
+ * whose rows overlap); PLAN_MISMATCH (T above the plan's max_tokens; N, K, cache.format or
+ * cache.dr not the plan's); UNSUPPORTED (cache.dr not 0 or 64); MISALIGNED (a bf16
+ * pointer not 16-byte aligned or bf16 stride not a multiple of 8, an int32/float array
+ * not 4-byte, bad_inputs not 8-byte, cache data or row_bytes); INTERNAL; CUDA. A failed
+ * call has written nothing.
  * ------------------------------------------------------------------------------------- */
 typedef struct smla_forward_params {
-  int64_t num_tokens;            /* T >= 0 (T == 0: nothing to do) */
+  int64_t num_tokens;            /* T, 0..the plan's max_tokens (T == 0: nothing to do) */
   int num_heads;                 /* N, must equal the plan's */
   int topk;                      /* K, must equal the plan's */
-  const void *q_nope;            /* [T][N][Dc] bf16, strides q_nope_stride_t, _h */
+  const void *q_nope;            /* [T][N][Dc] bf16, strides q_nope_stride_t, _h in any
+                                    order (token- or head-major), multiples of 8 */
   int64_t q_nope_stride_t, q_nope_stride_h;
   const void *q_pe;              /* [T][N][Dr] bf16; ignored (may be NULL) when Dr == 0.
                                     May point into q_nope's buffer ([T][N][576] q). */
   int64_t q_pe_stride_t, q_pe_stride_h;
   smla_cache cache;              /* read only */
-  const int32_t *slots;          /* [T][K] cache slots, row stride slots_stride */
+  const int32_t *slots;          /* [T][K] cache slots, row stride slots_stride (>= K) */
   int64_t slots_stride;
   const int32_t *lengths;        /* [T] used prefix of each row, clamped to [0, K];
                                     may be NULL (all K) */
-  float sm_scale;                /* usually 1/sqrt(Dqk) */
-  float softcap;                 /* > 0: logit = c * tanh(logit / c); 0: off */
+  float sm_scale;                /* finite and > 0, usually 1/sqrt(Dqk) */
+  float softcap;                 /* > 0 and finite: logit = c * tanh(logit / c); 0: off */
   const float *sink;             /* [N] per-head logit in the denominator only; may be NULL */
-  void *out;                     /* [T][N][Dv] bf16 out, strides out_stride_t, _h */
+  void *out;                     /* [T][N][Dv] bf16 out, strides out_stride_t, _h in any
+                                    order, multiples of 8 */
   int64_t out_stride_t, out_stride_h;
-  float *lse;                    /* [T][N] out, row stride lse_stride_t; may be NULL */
+  float *lse;                    /* [T][N] out, row stride lse_stride_t (>= N: heads are
+                                    contiguous); may be NULL */
   int64_t lse_stride_t;
-  float *max_logit;              /* [T][N] out, row stride max_logit_stride_t; may be NULL */
+  float *max_logit;              /* [T][N] out, row stride max_logit_stride_t (>= N);
+                                    may be NULL */
   int64_t max_logit_stride_t;
   uint64_t *bad_inputs;          /* [1] += entries >= S or < -1; may be NULL */
 } smla_forward_params;
@@ -321,18 +376,23 @@ smla_status smla_forward(smla_plan *plan, const smla_forward_params *p, void *st
  * log sum exp lse_p (sink excluded), as forward's. Merging sinked partials without the
  * sink (sink = NULL) counts the sink once per part: wrong. Partials made without a sink
  * are merged with sink = NULL.
+ * Statuses: OK; INVALID_ARGUMENT (NULL ctx, params or required pointer, a count out of
+ * its range below, T * N >= 2^31, an unknown dtype, a layout whose rows overlap);
+ * MISALIGNED (an array not aligned to its element size); CUDA.
  * ------------------------------------------------------------------------------------- */
 typedef struct smla_merge_params {
   int num_partials;              /* P >= 1 */
-  int64_t num_tokens;            /* T >= 0 */
-  int num_heads;                 /* N >= 1 */
+  int64_t num_tokens;            /* T, 0..2^31-1, with T * N < 2^31 */
+  int num_heads;                 /* N, 1..65535 */
   int dv;                        /* value width, 1..512 (SMLA_DC for attention) */
-  const void *out_p;             /* [P][T][N][dv] of out_p_dtype */
+  const void *out_p;             /* [P][T][N][dv] of out_p_dtype; the three strides in
+                                    any order */
   smla_dtype out_p_dtype;
   int64_t out_p_stride_p, out_p_stride_t, out_p_stride_h;
-  const float *lse_p;            /* [P][T][N] */
+  const float *lse_p;            /* [P][T][N], heads contiguous; the two strides in any
+                                    order */
   int64_t lse_p_stride_p, lse_p_stride_t;
-  void *out;                     /* [T][N][dv] of out_dtype */
+  void *out;                     /* [T][N][dv] of out_dtype; strides in any order */
   smla_dtype out_dtype;
   int64_t out_stride_t, out_stride_h;
   float *lse;                    /* [T][N], row stride lse_stride_t; may be NULL */
@@ -350,10 +410,11 @@ smla_status smla_merge_states(smla_context *ctx, const smla_merge_params *p, voi
  * are padding: req_id 0, ctx_len 0, limit 0. Requests with q_len 0 (padding requests,
  * whose start repeats the previous one) are skipped, whatever their seq_len.
  * Errors (SMLA_ERR_MALFORMED): query_start_loc[0] != 0, decreasing starts, last start > T,
- * seq_len < q_len for a request with q_len > 0.
+ * seq_len < q_len for a request with q_len > 0. Statuses: OK; INVALID_ARGUMENT (NULL
+ * params or required array, T outside 0..2^31-1, R < 0, K < 1); MALFORMED. Outputs are untouched on error.
  * ------------------------------------------------------------------------------------- */
 typedef struct smla_metadata_params {
-  int64_t num_tokens;            /* T (padded) >= 0 */
+  int64_t num_tokens;            /* T (padded), 0..2^31-1 */
   int num_requests;              /* R >= 0 (may include padding requests) */
   int topk;                      /* K >= 1 */
   const int32_t *query_start_loc;/* [R+1] host */

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-time set-up of a fresh Debian machine for smla: a C compiler and make (Debian),
-# numpy and pytest for the Python tests (PyPI). Idempotent: installs only what is missing.
+# numpy, pytest and torch for the Python tests (PyPI). Idempotent: installs only what is missing.
 # CUDA is optional and never installed here: with nvcc on PATH or in /usr/local/cuda the
 # build adds the GPU backend by itself.
 set -euo pipefail
@@ -22,9 +22,18 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq "${need_apt[@]}"
 fi
 
+pip_install() {
+  python3 -m pip install -q "$@" 2>/dev/null || python3 -m pip install -q --break-system-packages "$@"
+}
 if ! python3 -c 'import numpy, pytest' >/dev/null 2>&1; then
   echo "setup: installing numpy and pytest from PyPI"
-  python3 -m pip install -q numpy pytest 2>/dev/null ||
-    python3 -m pip install -q --break-system-packages numpy pytest
+  pip_install numpy pytest
+fi
+# torch (its CPU part is enough) runs the torch custom-op, FlashMLA-compat, DCP and example
+# tests; without it they are skipped. SMLA_SETUP_TORCH=0 leaves it out (a ~1 min, ~4 GB
+# install from PyPI, whose Linux wheel carries the CUDA libraries).
+if [ "${SMLA_SETUP_TORCH:-1}" = 1 ] && ! python3 -c 'import torch' >/dev/null 2>&1; then
+  echo "setup: installing torch from PyPI"
+  pip_install torch
 fi
 echo "setup: ok ($(cc --version 2>/dev/null | head -1); nvcc: $(command -v nvcc || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; } || echo none))"

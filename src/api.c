@@ -5,6 +5,7 @@
  */
 #include "internal.h"
 
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,24 +157,79 @@ static smla_status need_ptr(smla_context *ctx, const char *fn, const char *name,
 #define STRIDE_MAX (1LL << 40)
 #define SPAN_MAX (1LL << 48)
 
-/* A stride of a dimension of `count` elements must reach past the `inner` elements inside. */
-static smla_status need_stride(smla_context *ctx, const char *fn, const char *name,
-                               int64_t stride, int64_t count, int64_t inner, int64_t multiple) {
-  if (count <= 1) return SMLA_OK;
-  if (stride > STRIDE_MAX)
-    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: %s = %lld is beyond 2^40 elements", fn, name,
-         (long long)stride);
-  if (stride > SPAN_MAX / (count - 1))
-    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: %s = %lld over %lld rows spans beyond 2^48 elements",
-         fn, name, (long long)stride, (long long)count);
-  if (stride < inner)
-    FAIL(SMLA_ERR_INVALID_ARGUMENT,
-         "%s: %s = %lld is smaller than the %lld elements it must step over (rows would overlap)",
-         fn, name, (long long)stride, (long long)inner);
-  if (stride % multiple)
-    FAIL(SMLA_ERR_MISALIGNED, "%s: %s = %lld is not a multiple of %lld elements (16 bytes)", fn,
-         name, (long long)stride, (long long)multiple);
+/* One outer dimension of a strided tensor: the name of its stride argument, its number of
+ * elements and its stride. */
+typedef struct {
+  const char *name;
+  int64_t count, stride;
+} layout_dim;
+
+#define LAYOUT_MAX_DIMS 3 /* merge's out_p: p, t, h */
+
+/* A tensor of outer dimensions dims[0..nd) over a contiguous innermost run of `inner`
+ * elements is valid when distinct indices address distinct elements, whatever the order of
+ * the strides (a head-major q, stride_t < stride_h, is as good as a token-major one): taken
+ * by increasing stride, each dimension must step over all that the smaller ones span.
+ * Dimensions of one element are free. Strides must also be >= 0, <= 2^40 and multiples of
+ * `multiple` elements, and the tensor must span at most 2^48 elements. The kernels index
+ * every element as sum of index * stride, so this is all they need. */
+static smla_status need_layout(smla_context *ctx, const char *fn, const layout_dim *dims,
+                               int nd, int64_t inner, int64_t multiple) {
+  const layout_dim *by_stride[LAYOUT_MAX_DIMS];
+  int n = 0;
+  for (int i = 0; i < nd; i++) {
+    const layout_dim *d = &dims[i];
+    if (d->count <= 1) continue;
+    if (d->stride < 0)
+      FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: %s = %lld is negative; strides must be >= 0", fn,
+           d->name, (long long)d->stride);
+    if (d->stride > STRIDE_MAX)
+      FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: %s = %lld is beyond 2^40 elements", fn, d->name,
+           (long long)d->stride);
+    int j = n++;
+    for (; j > 0 && by_stride[j - 1]->stride > d->stride; j--) by_stride[j] = by_stride[j - 1];
+    by_stride[j] = d;
+  }
+  int64_t extent = inner; /* elements spanned by the dimensions taken so far */
+  for (int k = 0; k < n; k++) {
+    const layout_dim *d = by_stride[k];
+    if (d->stride < extent) {
+      if (k == 0)
+        FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: %s = %lld is smaller than the %lld elements it "
+             "must step over (one row; rows would overlap)", fn, d->name,
+             (long long)d->stride, (long long)extent);
+      const layout_dim *e = by_stride[k - 1];
+      FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: %s = %lld is smaller than the %lld elements it "
+           "must step over (%s: %lld rows %lld apart; rows would overlap)", fn, d->name,
+           (long long)d->stride, (long long)extent, e->name, (long long)e->count,
+           (long long)e->stride);
+    }
+    if (d->stride > (SPAN_MAX - extent) / (d->count - 1))
+      FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: %s = %lld over %lld rows spans beyond 2^48 "
+           "elements", fn, d->name, (long long)d->stride, (long long)d->count);
+    extent += (d->count - 1) * d->stride;
+  }
+  for (int i = 0; i < nd; i++)
+    if (dims[i].count > 1 && dims[i].stride % multiple)
+      FAIL(SMLA_ERR_MISALIGNED, "%s: %s = %lld is not a multiple of %lld elements (16 bytes)",
+           fn, dims[i].name, (long long)dims[i].stride, (long long)multiple);
   return SMLA_OK;
+}
+
+/* The common cases: rows of `inner` elements, one stride (a [count][inner] tensor), and
+ * [count0][count1][inner] tensors with two. */
+static smla_status need_rows(smla_context *ctx, const char *fn, const char *name,
+                             int64_t stride, int64_t count, int64_t inner, int64_t multiple) {
+  const layout_dim d = {name, count, stride};
+  return need_layout(ctx, fn, &d, 1, inner, multiple);
+}
+
+static smla_status need_rows2(smla_context *ctx, const char *fn, const char *name0,
+                              int64_t stride0, int64_t count0, const char *name1,
+                              int64_t stride1, int64_t count1, int64_t inner,
+                              int64_t multiple) {
+  const layout_dim d[2] = {{name0, count0, stride0}, {name1, count1, stride1}};
+  return need_layout(ctx, fn, d, 2, inner, multiple);
 }
 
 /* Elements spanned by `count` rows of `inner` elements, `stride` apart. */
@@ -198,6 +254,9 @@ static smla_status check_cache(smla_context *ctx, const char *fn, const smla_cac
          (int)c->format);
   if (c->dr != 0 && c->dr != 64)
     FAIL(SMLA_ERR_UNSUPPORTED, "%s: cache.dr = %d, supported rope dims are 64 and 0", fn, c->dr);
+  if (c->num_slots == 0)
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: cache.num_slots = 0: the cache is empty (S must be "
+         "1..2^31-1)", fn);
   if (c->num_slots < 1 || c->num_slots > INT32_MAX)
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: cache.num_slots = %lld, must be 1..2^31-1", fn,
          (long long)c->num_slots);
@@ -212,7 +271,7 @@ static smla_status check_cache(smla_context *ctx, const char *fn, const smla_cac
     FAIL(SMLA_ERR_MISALIGNED, "%s: cache.row_bytes = %lld is not a multiple of 16", fn,
          (long long)c->row_bytes);
   CHECK(need_ptr(ctx, fn, "cache.data", c->data, 16));
-  if (c->format == SMLA_CACHE_FP8_TENSOR && !(c->scale > 0.0f && c->scale < 3.4e38f))
+  if (c->format == SMLA_CACHE_FP8_TENSOR && !(c->scale > 0.0f && c->scale <= FLT_MAX))
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: cache.scale = %g, FP8_TENSOR needs a finite scale > 0",
          fn, (double)c->scale);
   return SMLA_OK;
@@ -251,10 +310,10 @@ static smla_status check_convert(smla_context *ctx, const smla_convert_params *p
   CHECK(need_ptr(ctx, fn, "local", p->local, 4));
   CHECK(need_ptr(ctx, fn, "slots", p->slots, 4));
   if (p->valid) CHECK(need_ptr(ctx, fn, "valid", p->valid, 4));
-  CHECK(need_stride(ctx, fn, "block_table_stride", p->block_table_stride, p->num_requests,
-                    p->blocks_per_request, 1));
-  CHECK(need_stride(ctx, fn, "local_stride", p->local_stride, p->num_tokens, p->topk, 1));
-  CHECK(need_stride(ctx, fn, "slots_stride", p->slots_stride, p->num_tokens, p->topk, 1));
+  CHECK(need_rows(ctx, fn, "block_table_stride", p->block_table_stride, p->num_requests,
+                  p->blocks_per_request, 1));
+  CHECK(need_rows(ctx, fn, "local_stride", p->local_stride, p->num_tokens, p->topk, 1));
+  CHECK(need_rows(ctx, fn, "slots_stride", p->slots_stride, p->num_tokens, p->topk, 1));
   /* In place is fine entry by entry (same pointer, same stride, no compaction); any other
    * overlap would overwrite entries not read yet. */
   const int same = (const void *)p->slots == (const void *)p->local &&
@@ -285,11 +344,11 @@ static smla_status check_cache_write(smla_context *ctx, const smla_cache_write_p
          (long long)p->num_tokens);
   if (p->num_tokens == 0) return SMLA_OK;
   CHECK(need_ptr(ctx, fn, "kv_c", p->kv_c, BF16_ALIGN));
-  CHECK(need_stride(ctx, fn, "kv_c_stride", p->kv_c_stride, p->num_tokens, SMLA_DC, BF16_MULT));
+  CHECK(need_rows(ctx, fn, "kv_c_stride", p->kv_c_stride, p->num_tokens, SMLA_DC, BF16_MULT));
   if (p->cache.dr > 0) {
     CHECK(need_ptr(ctx, fn, "k_pe", p->k_pe, BF16_ALIGN));
-    CHECK(need_stride(ctx, fn, "k_pe_stride", p->k_pe_stride, p->num_tokens, p->cache.dr,
-                      BF16_MULT));
+    CHECK(need_rows(ctx, fn, "k_pe_stride", p->k_pe_stride, p->num_tokens, p->cache.dr,
+                    BF16_MULT));
   }
   CHECK(need_ptr(ctx, fn, "slot", p->slot, 8));
   if (p->bad_inputs) CHECK(need_ptr(ctx, fn, "bad_inputs", p->bad_inputs, 8));
@@ -332,16 +391,15 @@ static smla_status check_merge(smla_context *ctx, const smla_merge_params *p) {
   CHECK(need_ptr(ctx, fn, "out", p->out, out_es));
   if (p->lse) CHECK(need_ptr(ctx, fn, "lse", p->lse, 4));
   const int64_t T = p->num_tokens, N = p->num_heads;
-  CHECK(need_stride(ctx, fn, "out_p_stride_h", p->out_p_stride_h, N, p->dv, 1));
-  CHECK(need_stride(ctx, fn, "out_p_stride_t", p->out_p_stride_t, T, span(N, p->out_p_stride_h, p->dv), 1));
-  CHECK(need_stride(ctx, fn, "out_p_stride_p", p->out_p_stride_p, p->num_partials,
-                    span(T, p->out_p_stride_t, span(N, p->out_p_stride_h, p->dv)), 1));
-  CHECK(need_stride(ctx, fn, "lse_p_stride_t", p->lse_p_stride_t, T, N, 1));
-  CHECK(need_stride(ctx, fn, "lse_p_stride_p", p->lse_p_stride_p, p->num_partials,
-                    span(T, p->lse_p_stride_t, N), 1));
-  CHECK(need_stride(ctx, fn, "out_stride_h", p->out_stride_h, N, p->dv, 1));
-  CHECK(need_stride(ctx, fn, "out_stride_t", p->out_stride_t, T, span(N, p->out_stride_h, p->dv), 1));
-  if (p->lse) CHECK(need_stride(ctx, fn, "lse_stride_t", p->lse_stride_t, T, N, 1));
+  const layout_dim out_p[3] = {{"out_p_stride_p", p->num_partials, p->out_p_stride_p},
+                               {"out_p_stride_t", T, p->out_p_stride_t},
+                               {"out_p_stride_h", N, p->out_p_stride_h}};
+  CHECK(need_layout(ctx, fn, out_p, 3, p->dv, 1));
+  CHECK(need_rows2(ctx, fn, "lse_p_stride_p", p->lse_p_stride_p, p->num_partials,
+                   "lse_p_stride_t", p->lse_p_stride_t, T, N, 1));
+  CHECK(need_rows2(ctx, fn, "out_stride_t", p->out_stride_t, T, "out_stride_h",
+                   p->out_stride_h, N, p->dv, 1));
+  if (p->lse) CHECK(need_rows(ctx, fn, "lse_stride_t", p->lse_stride_t, T, N, 1));
   if (p->sink) CHECK(need_ptr(ctx, fn, "sink", p->sink, 4));
   return SMLA_OK;
 }
@@ -479,38 +537,38 @@ static smla_status check_forward(smla_plan *plan, const smla_forward_params *p) 
   if (p->cache.dr != d->dr)
     FAIL(SMLA_ERR_PLAN_MISMATCH, "%s: cache.dr = %d, the plan was made for %d", fn,
          p->cache.dr, d->dr);
-  if (!(p->sm_scale == p->sm_scale) || p->sm_scale > 3.4e38f || p->sm_scale < -3.4e38f)
-    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: sm_scale = %g is not finite", fn, (double)p->sm_scale);
-  if (!(p->softcap >= 0.0f) || p->softcap > 3.4e38f)
-    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: softcap = %g, must be 0 (off) or finite > 0", fn,
+  /* 0 would be uniform attention (a forgotten field of a zeroed params struct), a negative
+   * scale attention to the least similar rows: neither is what anyone asks for. */
+  if (!(p->sm_scale > 0.0f && p->sm_scale <= FLT_MAX))
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: sm_scale = %g, must be finite and > 0 (usually "
+         "1/sqrt(512 + dr))", fn, (double)p->sm_scale);
+  if (!(p->softcap >= 0.0f && p->softcap <= FLT_MAX))
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: softcap = %g, must be 0 (off) or finite and > 0", fn,
          (double)p->softcap);
   if (p->num_tokens == 0) return SMLA_OK;
   const int64_t T = p->num_tokens, N = p->num_heads, K = p->topk, dr = p->cache.dr;
   CHECK(need_ptr(ctx, fn, "q_nope", p->q_nope, BF16_ALIGN));
-  CHECK(need_stride(ctx, fn, "q_nope_stride_h", p->q_nope_stride_h, N, SMLA_DC, BF16_MULT));
-  CHECK(need_stride(ctx, fn, "q_nope_stride_t", p->q_nope_stride_t, T,
-                    span(N, p->q_nope_stride_h, SMLA_DC), BF16_MULT));
+  CHECK(need_rows2(ctx, fn, "q_nope_stride_t", p->q_nope_stride_t, T, "q_nope_stride_h",
+                   p->q_nope_stride_h, N, SMLA_DC, BF16_MULT));
   if (dr > 0) {
     CHECK(need_ptr(ctx, fn, "q_pe", p->q_pe, BF16_ALIGN));
-    CHECK(need_stride(ctx, fn, "q_pe_stride_h", p->q_pe_stride_h, N, dr, BF16_MULT));
-    CHECK(need_stride(ctx, fn, "q_pe_stride_t", p->q_pe_stride_t, T,
-                      span(N, p->q_pe_stride_h, dr), BF16_MULT));
+    CHECK(need_rows2(ctx, fn, "q_pe_stride_t", p->q_pe_stride_t, T, "q_pe_stride_h",
+                     p->q_pe_stride_h, N, dr, BF16_MULT));
   }
   CHECK(need_ptr(ctx, fn, "slots", p->slots, 4));
-  CHECK(need_stride(ctx, fn, "slots_stride", p->slots_stride, T, K, 1));
+  CHECK(need_rows(ctx, fn, "slots_stride", p->slots_stride, T, K, 1));
   if (p->lengths) CHECK(need_ptr(ctx, fn, "lengths", p->lengths, 4));
   if (p->sink) CHECK(need_ptr(ctx, fn, "sink", p->sink, 4));
   CHECK(need_ptr(ctx, fn, "out", p->out, BF16_ALIGN));
-  CHECK(need_stride(ctx, fn, "out_stride_h", p->out_stride_h, N, SMLA_DC, BF16_MULT));
-  CHECK(need_stride(ctx, fn, "out_stride_t", p->out_stride_t, T,
-                    span(N, p->out_stride_h, SMLA_DC), BF16_MULT));
+  CHECK(need_rows2(ctx, fn, "out_stride_t", p->out_stride_t, T, "out_stride_h",
+                   p->out_stride_h, N, SMLA_DC, BF16_MULT));
   if (p->lse) {
     CHECK(need_ptr(ctx, fn, "lse", p->lse, 4));
-    CHECK(need_stride(ctx, fn, "lse_stride_t", p->lse_stride_t, T, N, 1));
+    CHECK(need_rows(ctx, fn, "lse_stride_t", p->lse_stride_t, T, N, 1));
   }
   if (p->max_logit) {
     CHECK(need_ptr(ctx, fn, "max_logit", p->max_logit, 4));
-    CHECK(need_stride(ctx, fn, "max_logit_stride_t", p->max_logit_stride_t, T, N, 1));
+    CHECK(need_rows(ctx, fn, "max_logit_stride_t", p->max_logit_stride_t, T, N, 1));
   }
   if (p->bad_inputs) CHECK(need_ptr(ctx, fn, "bad_inputs", p->bad_inputs, 8));
   return SMLA_OK;

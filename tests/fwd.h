@@ -79,7 +79,9 @@ typedef struct {
   double *out;       /* [T][N][512] */
   double *lse, *ml;  /* [T][N] */
   uint64_t bad;
+  int source; /* FWD_EXACT (fwd_reference), else the device whose result it is (fwd_as_ref) */
 } fwd_ref;
+#define FWD_EXACT (-2)
 void fwd_reference(const fwd_problem *pb, fwd_ref *r);
 void fwd_ref_free(fwd_ref *r);
 
@@ -89,6 +91,7 @@ typedef struct {
   float *lse;     int64_t lse_elems;
   float *ml;      int64_t ml_elems;
   uint64_t bad;
+  int device;                        /* SMLA_DEVICE_CPU or the CUDA device it ran on */
   char describe[FWD_DESCRIBE_BYTES]; /* smla_plan_describe of the plan used */
   /* pb->repeat >= 2: the same forward again on the same plan, outputs re-poisoned */
   uint16_t *out2;

@@ -132,11 +132,19 @@ int t_check_f32(t_case *tc, const char *what, const float *got, const double *re
 /* Statistical checks of a bf16 result whose only errors should be roundings to nearest
  * (unbiased), over the elements where both got and ref are finite and ref != 0 (NaN, inf
  * and poison positions are t_check_bf16's business). `rows` rows of `row_len` elements.
- *  - bias  b = sum (got - ref) sgn(ref) / sum |ref|  must satisfy
- *          |b| <= sigmas * sqrt(elem_var sum ref^2 + row_var sum_rows (sum_row |ref|)^2)
- *                 / sum |ref| + abs_slack,
+ *  - bias  b = sum (got - ref) sgn(ref) / sum |ref|  must lie in
+ *          [min(0, b0) - bound, max(0, b0) + bound],
+ *          bound = sigmas * sqrt(elem_var sum ref^2 + row_var sum_rows (sum_row |ref|)^2)
+ *                  / sum |ref| + abs_slack,
  *    elem_var: variance of independent per-element relative errors; row_var: variance of
  *    a relative error shared by a whole row (fully correlated inside it).
+ *    b0 = sum (rn(ref) - ref) sgn(ref) / sum |ref|, rn = round to nearest bf16: the bias
+ *    of the exactly rounded reference. Rounding to nearest is unbiased only when the
+ *    values' positions between two bf16 numbers are spread evenly; where they are not
+ *    (a merge dominated by one bf16 partial gives 0.999 v, just below a bf16 number v,
+ *    which rounds up every time) a correct result's bias lies between b0 (an exact float
+ *    result, rounded once) and 0 (float noise of an ulp or more smooths the positions).
+ *    Truncation is off that interval by ~0.5 ulp either way.
  *  - ||got - ref|| / ||ref|| <= frob.
  * A rounding that is biased (truncation) or an error larger than roundings (a wrong scale,
  * a dropped tile) fails one of them where the elementwise bound may not. */
@@ -160,11 +168,14 @@ void t_f32_to_double(const float *src, double *dst, int64_t n);
 /* ---- registry -------------------------------------------------------------------------- */
 typedef void (*t_case_fn)(t_case *tc);
 void t_register(const char *name, t_case_fn fn);
-/* Runs the cases whose name contains filter (NULL: all), in registration order; adds one
- * pass, fail or skip per (case, backend run). `list` != 0 prints the names only. Returns
- * the number of cases that matched. */
-int t_run_cases(const char *filter, uint64_t seed, int list, int *passed, int *failed,
-                int *skipped);
+/* Runs the cases whose name matches filter (t_filter_match; NULL: all), in registration
+ * order; adds one pass, fail or skip per (case, backend run). `list` != 0 prints the names
+ * only; `fail_fast` != 0 stops before the next case once one has failed (the mutation
+ * check's runs). Returns the number of cases that matched and ran. */
+int t_run_cases(const char *filter, uint64_t seed, int list, int fail_fast, int *passed,
+                int *failed, int *skipped);
+/* filter: comma-separated substrings ("forward,merge"); NULL matches every name. */
+int t_filter_match(const char *filter, const char *name);
 double t_now_ms(void);
 
 /* Each cases file registers its cases. */

@@ -6,6 +6,8 @@
  *   build/test_smla                       all cases, fresh random inputs (seed printed)
  *   build/test_smla --seed N              replay a run (or SMLA_TEST_SEED=N)
  *   build/test_smla --filter forward_K    only cases whose name contains the string
+ *                                         (comma-separated: any of them, "forward,merge")
+ *   build/test_smla --fail-fast           stop at the first failed case (scripts/mutants.py)
  *   build/test_smla --list                case names
  *
  * First line: the seed. Last line: "N passed, M failed, K skipped" (one count per case and
@@ -30,7 +32,7 @@
 #endif
 
 static void usage(void) {
-  printf("usage: test_smla [--seed N] [--filter SUBSTRING] [--list]\n"
+  printf("usage: test_smla [--seed N] [--filter SUBSTRING[,SUBSTRING...]] [--fail-fast] [--list]\n"
          "  SMLA_TEST_SEED=N in the environment replays a run too (--seed wins).\n");
 }
 
@@ -52,7 +54,7 @@ static uint64_t fresh_seed(void) {
 
 int main(int argc, char **argv) {
   const char *filter = NULL;
-  int list = 0, have_seed = 0;
+  int list = 0, have_seed = 0, fail_fast = 0;
   uint64_t seed = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
@@ -63,6 +65,8 @@ int main(int argc, char **argv) {
       have_seed = 1;
     } else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
       filter = argv[++i];
+    } else if (!strcmp(argv[i], "--fail-fast")) {
+      fail_fast = 1;
     } else if (!strcmp(argv[i], "--list")) {
       list = 1;
     } else {
@@ -89,7 +93,7 @@ int main(int argc, char **argv) {
   t_register_dcp_cases();
   int passed = 0, failed = 0, skipped = 0;
   if (list) {
-    t_run_cases(filter, seed, 1, &passed, &failed, &skipped);
+    t_run_cases(filter, seed, 1, 0, &passed, &failed, &skipped);
     return 0;
   }
 
@@ -124,20 +128,20 @@ int main(int argc, char **argv) {
   fflush(stdout);
 
   const double t0 = t_now_ms();
-  int matched = t_run_cases(filter, seed, 0, &passed, &failed, &skipped);
+  int matched = t_run_cases(filter, seed, 0, fail_fast, &passed, &failed, &skipped);
   /* Without a GPU, each matched case's CUDA run (and the graph and stress checks below)
    * did not happen: counted as skipped, so the closing line says so. */
   int gpu_skipped = 0;
   if (gpus <= 0) {
     gpu_skipped = matched;
-    if (!filter || strstr("cuda_graph", filter)) gpu_skipped++;
-    if (!filter || strstr("cuda_stress", filter)) gpu_skipped++;
+    if (t_filter_match(filter, "cuda_graph")) gpu_skipped++;
+    if (t_filter_match(filter, "cuda_stress")) gpu_skipped++;
     skipped += gpu_skipped;
   }
 
 #ifdef SMLA_HAVE_CUDA
   /* Counted like a case: passed once, or failed once per failed check. */
-  if (gpus > 0 && (!filter || strstr("cuda_graph", filter))) {
+  if (gpus > 0 && t_filter_match(filter, "cuda_graph") && !(fail_fast && failed)) {
     const double g0 = t_now_ms();
     matched++;
     const int graph_failures = smla_test_cuda_graph(seed);
@@ -148,7 +152,7 @@ int main(int argc, char **argv) {
     printf(" %.0f ms\n", t_now_ms() - g0);
   }
   /* Determinism, batch invariance (and its cost), multi-thread multi-stream concurrency. */
-  if (gpus > 0 && (!filter || strstr("cuda_stress", filter))) {
+  if (gpus > 0 && t_filter_match(filter, "cuda_stress") && !(fail_fast && failed)) {
     const double g0 = t_now_ms();
     matched++;
     const int stress_failures = smla_test_cuda_stress(seed);

@@ -790,6 +790,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     long long x;
     int used = 1; /* takes a value */
+    const char *want = ""; /* the valid values, for the message */
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       bench_usage(stdout);
       exit(TOOL_EXIT_OK);
@@ -806,44 +807,64 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
       fprintf(stderr, "smla bench: %s needs a value\n", a);
       return -1;
     } else if (strcmp(a, "--preset") == 0) {
+      want = "decode or prefill";
       if (strcmp(v, "decode") && strcmp(v, "prefill")) goto bad;
       o->preset = strcmp(v, "decode") == 0 ? "decode" : "prefill";
     } else if (strcmp(a, "--device") == 0) {
+      want = "cpu or a CUDA device ordinal 0..1023";
       if (tool_parse_device(v, &o->device)) goto bad;
       device_given = 1;
     } else if (strcmp(a, "-N") == 0) {
+      want = "a comma-separated list of up to 32 head counts, each 1..128";
       if ((o->num_heads = tool_parse_list(v, 1, SMLA_MAX_HEADS, o->heads, BENCH_MAX_LIST)) < 0)
         goto bad;
       heads_given = 1;
     } else if (strcmp(a, "-T") == 0) {
+      want = "a comma-separated list of up to 32 token counts, each 1..1048576";
       if ((o->num_tokens = tool_parse_list(v, 1, 1 << 20, o->tokens, BENCH_MAX_LIST)) < 0)
         goto bad;
       tokens_given = 1;
     } else if (strcmp(a, "-K") == 0) {
+      want = "an integer 1..1048576";
       if (tool_parse_int(v, 1, 1 << 20, &x)) goto bad;
       o->topk = (int)x;
     } else if (strcmp(a, "--dr") == 0) {
+      want = "64 or 0";
       if (tool_parse_int(v, 0, 64, &x) || (x != 0 && x != 64)) goto bad;
       o->dr = (int)x;
     } else if (strcmp(a, "--format") == 0) {
+      want = "bf16, fp8_tensor or fp8_ds";
       if (tool_parse_format(v, &o->format)) goto bad;
     } else if (strcmp(a, "--slots") == 0) {
+      want = "an integer 1..2147483647";
       if (tool_parse_int(v, 1, INT32_MAX, &x)) goto bad;
       o->slots = x;
     } else if (strcmp(a, "--splits") == 0) {
+      want = "an integer 1..1000000";
       if (tool_parse_int(v, 1, 1000000, &x)) goto bad;
       o->splits = (int)x;
     } else if (strcmp(a, "--reps") == 0) {
+      want = "an integer 1..1000000";
       if (tool_parse_int(v, 1, 1000000, &x)) goto bad;
       o->reps = (int)x;
     } else if (strcmp(a, "--seed") == 0) {
+      want = "an integer 0..2^63-1";
       if (tool_parse_int(v, 0, INT64_MAX, &x)) goto bad;
       o->seed = (uint64_t)x;
     } else if (strcmp(a, "--threads") == 0) {
+      want = "an integer 0..4096 (0: one per core)";
       if (tool_parse_int(v, 0, 4096, &x)) goto bad;
       o->threads = (int)x;
     } else if (strcmp(a, "--json") == 0) {
       o->json = v;
+      /* Fail now, not after the run: the file is opened for appending (created if
+       * missing, left as it is) to see that it can be written. */
+      FILE *f = fopen(v, "a");
+      if (!f) {
+        fprintf(stderr, "smla bench: --json %s: cannot write it: %s\n", v, strerror(errno));
+        return -1;
+      }
+      fclose(f);
     } else {
       fprintf(stderr, "smla bench: unknown option %s\n", a);
       return -1;
@@ -851,7 +872,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
     i += used;
     continue;
   bad:
-    fprintf(stderr, "smla bench: bad value for %s: %s\n", a, v);
+    fprintf(stderr, "smla bench: bad value for %s: %s (want %s)\n", a, v, want);
     return -1;
   }
   if (!device_given) o->device = smla_cuda_device_count() > 0 ? 0 : SMLA_DEVICE_CPU;

@@ -145,6 +145,7 @@ static int check_parse(int argc, char **argv, check_opts *o) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     long long x = 0;
     int bad = 0;
+    const char *want = ""; /* the valid values, for the message */
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       check_usage(stdout);
       exit(TOOL_EXIT_OK);
@@ -154,29 +155,37 @@ static int check_parse(int argc, char **argv, check_opts *o) {
       return -1;
     }
     if (strcmp(a, "--device") == 0) {
+      want = "cpu or a CUDA device ordinal 0..1023";
       bad = tool_parse_device(v, &o->device);
       device_given = 1;
     } else if (strcmp(a, "-T") == 0) {
+      want = "an integer 0..65536";
       if (!(bad = tool_parse_int(v, 0, 1 << 16, &x))) o->tokens = x;
     } else if (strcmp(a, "-N") == 0) {
+      want = "an integer 1..128";
       if (!(bad = tool_parse_int(v, 1, SMLA_MAX_HEADS, &x))) o->heads = (int)x;
     } else if (strcmp(a, "-K") == 0) {
+      want = "an integer 1..1048576";
       if (!(bad = tool_parse_int(v, 1, 1 << 20, &x))) o->topk = (int)x;
     } else if (strcmp(a, "--dr") == 0) {
+      want = "64 or 0";
       if (!(bad = tool_parse_int(v, 0, 64, &x) || (x != 0 && x != 64))) o->dr = (int)x;
     } else if (strcmp(a, "--format") == 0) {
+      want = "bf16, fp8_tensor or fp8_ds";
       bad = tool_parse_format(v, &o->format);
     } else if (strcmp(a, "--slots") == 0) {
+      want = "an integer 1..16777216";
       if (!(bad = tool_parse_int(v, 1, 1 << 24, &x))) o->slots = x;
       slots_given = 1;
     } else if (strcmp(a, "--seed") == 0) {
+      want = "an integer 0..2^63-1";
       if (!(bad = tool_parse_int(v, 0, INT64_MAX, &x))) o->seed = (uint64_t)x;
     } else {
       fprintf(stderr, "smla check: unknown option %s\n", a);
       return -1;
     }
     if (bad) {
-      fprintf(stderr, "smla check: bad value for %s: %s\n", a, v);
+      fprintf(stderr, "smla check: bad value for %s: %s (want %s)\n", a, v, want);
       return -1;
     }
   }

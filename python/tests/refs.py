@@ -137,13 +137,16 @@ def _nan_row(fmt, dr):
 
 
 # ---- the operations ------------------------------------------------------------------------------------
-def ref_forward(q, rows, slots, sm_scale, lengths=None, softcap=0.0, sink=None):
+def ref_forward(q, rows, slots, sm_scale, lengths=None, softcap=0.0, sink=None,
+                abs_mean=False):
     """q [T, N, 512 + dr] float, rows [S, 512 + dr] float64 -> out [T, N, 512], lse,
-    max_logit [T, N] (float64), bad (entries >= S or < -1 inside the lengths)."""
+    max_logit [T, N] (float64), bad (entries >= S or < -1 inside the lengths); with
+    abs_mean=True also sum_j p_j |v_j| [T, N, 512] (the scale of out's rounding errors)."""
     T, N, _ = q.shape
     S = rows.shape[0]
     K = slots.shape[1]
     out = np.zeros((T, N, DC))
+    pabs = np.zeros((T, N, DC))
     lse = np.full((T, N), -np.inf)
     mx = np.full((T, N), -np.inf)
     bad = 0
@@ -163,8 +166,12 @@ def ref_forward(q, rows, slots, sm_scale, lengths=None, softcap=0.0, sink=None):
         z = e.sum(axis=1)
         den = z + (np.exp(np.asarray(sink, np.float64) - m) if sink is not None else 0.0)
         out[t] = (e @ g[:, :DC]) / den[:, None]
+        if abs_mean:
+            pabs[t] = (e @ np.abs(g[:, :DC])) / den[:, None]
         lse[t] = m + np.log(z)
         mx[t] = m
+    if abs_mean:
+        return out, lse, mx, bad, pabs
     return out, lse, mx, bad
 
 
@@ -233,6 +240,121 @@ def ref_metadata(query_start_loc, seq_lens, T, K):
     return req_id, ctx, np.minimum(ctx, K).astype(np.int32)
 
 
+# ---- error metrics a wrong kernel cannot pass --------------------------------------------------------
+# The elementwise bounds (assert_close) admit a full bf16 ulp of error per element, so a
+# kernel that rounds its bf16 output by truncation (a bias of about -0.7 u on every element)
+# or loses a little everywhere passes them. check_unbiased adds two statistics, the same as
+# the C suite's t_check_bf16_unbiased (tests/harness.c; constants in tests/fwd.c OUT_MODEL,
+# tests/cases_ops.c MERGE_BF16_MODEL), over the elements where got and ref are finite and
+# ref != 0:
+#  - bias  b = sum (g - r) sgn(r) / sum |r|, which must lie in
+#      [min(0, b0) - bound, max(0, b0) + bound], with
+#      bound = sigmas * sqrt(elem_var sum r^2 + row_var sum_rows (sum_row |r|)^2) / sum |r|
+#              + abs_slack
+#    and b0 the same statistic of r rounded to nearest bf16: rounding to nearest is
+#    unbiased only when the values sit evenly between bf16 numbers; where they do not (a
+#    merge dominated by one bf16 partial gives 0.999 v, just below the bf16 number v) a
+#    correct result's bias lies between b0 (an exact result rounded once) and 0 (noise of
+#    an ulp or more spreads the positions), as tests/harness.h says;
+#  - relative Frobenius error ||g - r|| / ||r|| <= frob.
+# Error model, u = 2^-8 (bf16 unit roundoff: 8 significant bits, round to nearest):
+#  - the output's one rounding to bf16: r in [2^e, 2^(e+1)) lands within half an ulp,
+#    |g - r| <= u 2^e <= u |r|; over the fraction bits it is uniform and zero-mean, with
+#    variance (u 2^e)^2 / 3 <= u^2 r^2 / 3, independent between elements: elem_var = u^2/3.
+#    (Against a float64 reference there is one such rounding; the C suite, which also
+#    compares two backends, takes two: 2 u^2 / 3.)
+#  - the CUDA kernels also round each probability p_j to bf16 before P.V (to nearest,
+#    relative <= u, zero-mean); with one dominant p_j that error is shared by all 512 values
+#    of the (t, h) row: row_var = u^2 / 3 for one kernel against the reference (the CPU
+#    backend keeps p in float: row_var = 0).
+#  - float softmax and accumulation: ~1e-6 relative, covered by abs_slack = 1e-5.
+# sigmas = 6: a correct kernel fails once in ~5e8 runs. frob: the expected relative error
+# is sqrt(elem_var + row_var) <= 0.82 u and one rounding to nearest can never exceed u; 2 u
+# (as in C) leaves room for float error where out nearly cancels. What they catch: a
+# truncating store gives b ~ -0.7 u = -2.7e-3 (measured by test_ops' self-test), while the
+# CPU bias bound for n normal-like elements is 6 u sqrt(E r^2 / (3 n E^2 |r|)) = 7.6 u /
+# sqrt(3 n) (7.6e-4 at n = 512, one (t, h) row); a wrong scale, a
+# skipped tile or a dropped rope part gives relative errors of 1e-2 and more (> frob).
+U_BF16 = 2.0 ** -8
+
+
+class RoundModel:
+    """Parameters of check_unbiased (see the derivation above)."""
+
+    def __init__(self, elem_var, row_var, sigmas=6.0, abs_slack=1e-5, frob=2 * U_BF16):
+        self.elem_var, self.row_var = elem_var, row_var
+        self.sigmas, self.abs_slack, self.frob = sigmas, abs_slack, frob
+
+
+# forward's out against the float64 reference, per backend (see above)
+OUT_MODEL_CPU = RoundModel(U_BF16 ** 2 / 3, 0.0)
+OUT_MODEL_CUDA = RoundModel(U_BF16 ** 2 / 3, U_BF16 ** 2 / 3)
+# merge_states' bf16 out: one rounding of a float result, nothing shared by a row
+MERGE_MODEL = RoundModel(U_BF16 ** 2 / 3, 0.0)
+
+
+def out_model(device="cpu"):
+    """The forward out model of a backend: "cpu"/"numpy" or "cuda" (or a torch.device)."""
+    return OUT_MODEL_CUDA if str(device).startswith("cuda") else OUT_MODEL_CPU
+
+
+def round_bf16_nearest(x):
+    """float64 -> nearest bf16 value (8 significant bits, ties to even), computed here and
+    not through smla, so that a mutant of smla's rounding can not move the yardstick."""
+    x = np.asarray(x, np.float64)
+    _, e = np.frexp(x)
+    return np.ldexp(np.rint(np.ldexp(x, 8 - e)), e - 8)
+
+
+def unbiased_stats(got, ref, row_len=DC, model=OUT_MODEL_CPU):
+    """-> (b, lo, hi, frob, n) of check_unbiased, or None when nothing is measurable."""
+    g = np.asarray(got, np.float64).reshape(-1, row_len)
+    r = np.asarray(ref, np.float64).reshape(-1, row_len)
+    ok = np.isfinite(g) & np.isfinite(r) & (r != 0)
+    n = int(ok.sum())
+    if n == 0:
+        return None
+    d = np.where(ok, g - r, 0.0)
+    a = np.where(ok, np.abs(r), 0.0)
+    sum_abs = a.sum()
+    b = (d * np.sign(r)).sum() / sum_abs
+    rn = np.where(ok, round_bf16_nearest(np.where(ok, r, 1.0)) - r, 0.0)
+    b0 = (rn * np.sign(r)).sum() / sum_abs
+    row_abs = a.sum(axis=1)
+    bound = (model.sigmas * math.sqrt(model.elem_var * (a * a).sum() +
+                                      model.row_var * (row_abs * row_abs).sum()) / sum_abs
+             + model.abs_slack)
+    frob = math.sqrt((d * d).sum() / (a * a).sum())
+    return b, min(0.0, b0) - bound, max(0.0, b0) + bound, frob, n
+
+
+def check_unbiased(got, ref, what, model=OUT_MODEL_CPU, row_len=DC):
+    """The bias and relative-Frobenius checks of a bf16 result (values, any float dtype)
+    whose only errors should be roundings to nearest; rows of `row_len` elements (the
+    (t, h) rows of forward's out). NaN/inf positions are assert_close's business."""
+    st = unbiased_stats(got, ref, row_len, model)
+    if st is None:
+        return
+    b, lo, hi, frob, n = st
+    assert lo <= b <= hi, ("%s: biased: mean signed error %.3g of |ref| over %d elements, "
+                           "outside [%.3g, %.3g]" % (what, b, n, lo, hi))
+    assert frob <= model.frob, ("%s: relative Frobenius error %.3g over %d elements, bound %.3g"
+                                % (what, frob, n, model.frob))
+
+
+def bf16_truncate(x):
+    """float -> bf16 values by truncation (the low 16 bits of the float32 dropped): the
+    wrong rounding check_unbiased must reject."""
+    f = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    return (f.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+# lse and max_logit (float32) against the float64 reference: the C suite's TOL_LSE
+# (tests/fwd.c): a logit is sm_scale times a float dot of <= 576 exact products, ~1e-5
+# after the scale; log Z adds a few float ulps of |lse|. 1e-4 + 1e-5 |ref| is ~10x that.
+TOL_LSE = (1e-4, 1e-5)
+
+
 def assert_close(got, ref, atol, rtol, what):
     """|got - ref| <= atol + rtol |ref| everywhere, with NaN and inf in the same places."""
     got = np.asarray(got, np.float64)
@@ -251,3 +373,10 @@ def assert_close(got, ref, atol, rtol, what):
         raise AssertionError("%s: %d mismatches, first: got %s ref %s (worst err/tol %.3g)"
                              % (what, int((err > tol).sum()), got[fin][bad], ref[fin][bad],
                                 float((err / tol).max())))
+
+
+def check_out(got, ref, atol, rtol, what, model=OUT_MODEL_CPU, row_len=DC):
+    """A bf16 result (values) against its float64 reference: the elementwise bound, then
+    the bias and Frobenius checks (check_unbiased)."""
+    assert_close(got, ref, atol, rtol, what)
+    check_unbiased(got, ref, what, model, row_len)

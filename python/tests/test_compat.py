@@ -18,6 +18,7 @@ if not smla.HAVE_TORCH:
 
 from smla.compat import flash_mla_sparse_fwd  # noqa: E402
 from conftest import DEVICES, cuda_available  # noqa: E402
+from refs import check_unbiased, out_model  # noqa: E402
 
 
 def flashmla_ref(q, kv, indices, sm_scale, attn_sink=None, topk_length=None):
@@ -84,6 +85,7 @@ def run_case(device, s_q, s_kv, topk, h_q, d_qk, seed, **kw):
     assert lse.shape == (s_q, h_q) and lse.dtype == torch.float32
     r_out, r_max, r_lse = flashmla_ref(q, kv, idx, sm_scale, sink, tl)
     check(out, r_out, 8e-4, 3.01 / 128, "out")         # FlashMLA's own tolerances
+    check_unbiased(out.float().cpu().numpy(), r_out.cpu().numpy(), "out", out_model(device))
     check(max_logits, r_max, 1e-5, 2.01 / 65536, "max_logits")
     check(lse, r_lse, 1e-5, 4.01 / 65536, "lse")
     return out, max_logits, lse

@@ -14,9 +14,12 @@
  * Q (M x dqk bf16) stays in shared memory for the whole block; KV tiles are gathered by
  * cp.async 16-byte copies (4 threads per row), two stages deep for BF16. fp8 rows
  * are staged raw (1-2 buffers) and widened to bf16 in shared memory: e4m3 -> bf16 is
- * exact; FP8_DS group scales are applied on the widening (exact for the power-of-two
- * scales the writer makes); the FP8_TENSOR scale is folded into the logit scale and the
- * output scale instead, so no rounding is added. Masked entries (slot outside [0, S), past
+ * exact. Scales are applied in float, never by rounding a scaled value to bf16, so any
+ * finite scale reads exactly as the CPU's e4m3 * scale (SPEC §3: rows dequantized to their
+ * float values): the FP8_TENSOR scale is folded into the logit scale and the output scale;
+ * FP8_DS sums each 128-column group of S apart and adds it times the entry's group scale,
+ * and writes P four times, each copy times the entries' scales of one group, for the
+ * warps whose output columns lie in that group. Masked entries (slot outside [0, S), past
  * lengths[t] or past the split) never read the cache: cp.async zero-fills their row, and
  * their logits are set to -inf, so NaN in unused rows cannot leak in. A NaN logit of a
  * used entry makes the row's max, lse and out NaN.
@@ -109,6 +112,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
   float *alpha_s = (float *)(smem + L.alpha);
   float *rowmax_s = (float *)(smem + L.rowmax);
   uint8_t *mask_s = smem + L.mask;
+  float *scale_s = (float *)(smem + L.scale); /* FP8_DS: [BN][4] group scales of the tile */
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tig = lane & 3, x7 = lane & 7;
@@ -220,9 +224,11 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
             const uint8_t *rrow = raw + r * RAW_ROW;
             uint8_t *krow = smem + L.kv + r * ROWB;
             if (u < FP8_CH) {
-              const float sc = FMT == FMT_DS ? ((const float *)(rrow + 512))[u >> 3] : 1.0f;
+              /* FP8_DS: the group scales go to scale_s, applied in float by S and P. */
+              if (FMT == FMT_DS && (u & 7) == 0)
+                scale_s[r * 4 + (u >> 3)] = ((const float *)(rrow + 512))[u >> 3];
               uint4 lo, hi;
-              widen_chunk(*(const uint4 *)(rrow + 16 * u), sc, &lo, &hi);
+              widen_chunk(*(const uint4 *)(rrow + 16 * u), 1.0f, &lo, &hi);
               *(uint4 *)(krow + ((2 * u) ^ (r & 7)) * 16) = lo;
               *(uint4 *)(krow + ((2 * u + 1) ^ (r & 7)) * 16) = hi;
             } else {
@@ -242,15 +248,14 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
           const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
           uint4 scales = zero;
           if (FMT == FMT_DS && used_) scales = ld_nc_16(src + 512);
-          const float sc4[4] = {__uint_as_float(scales.x), __uint_as_float(scales.y),
-                                __uint_as_float(scales.z), __uint_as_float(scales.w)};
+          if (FMT == FMT_DS && lp == 0) *(uint4 *)(scale_s + lr * 4) = scales;
 #pragma unroll
           for (int i = 0; i < UNITS / 4; i++) {
             const int u = lp + 4 * i;
             if (u < FP8_CH) {
               const uint4 v = used_ ? ld_nc_16(src + 16 * u) : zero;
               uint4 lo, hi;
-              widen_chunk(v, FMT == FMT_DS ? sc4[u >> 3] : 1.0f, &lo, &hi);
+              widen_chunk(v, 1.0f, &lo, &hi);
               *(uint4 *)(krow + ((2 * u) ^ (lr & 7)) * 16) = lo;
               *(uint4 *)(krow + ((2 * u + 1) ^ (lr & 7)) * 16) = hi;
             } else {
@@ -270,41 +275,77 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
       const uint32_t kvb = kv_s + (uint32_t)(buf * BN * ROWB);
 
       /* ---- S = Q K^T: this warp's 16*SMT heads x 8*NTS entries ---- */
-      float sacc[SMT][NTS][4];
+      /* FP8_DS: the 128 columns of group gi are summed apart in pacc and added to sacc times
+       * each entry's group scale (float, as the CPU's e4m3 * scale: exact for any scale,
+       * where scaling the e4m3 values into bf16 would round them); other formats and the
+       * rope part sum straight through pacc. */
+      float sacc[SMT][NTS][4], pacc[SMT][NTS][4];
 #pragma unroll
       for (int mi = 0; mi < SMT; mi++)
 #pragma unroll
         for (int nt = 0; nt < NTS; nt++)
 #pragma unroll
-          for (int i = 0; i < 4; i++) sacc[mi][nt][i] = 0.0f;
+          for (int i = 0; i < 4; i++) sacc[mi][nt][i] = pacc[mi][nt][i] = 0.0f;
       const uint8_t *mk = mask_s + (j & 3) * BN;
       float tmax[SMT][2];
       if (s_warp) {
+        /* One k-step of 16 columns into pacc. */
+#define S_STEP(kk)                                                                          \
+  do {                                                                                      \
+    uint32_t af[SMT][4];                                                                    \
+    _Pragma("unroll") for (int mi = 0; mi < SMT; mi++)                                      \
+        ldmatrix_x4(af[mi], a_row + (uint32_t)(mi * 16 * ROWB + (((2 * (kk) + a_hi) ^ x7) << 4))); \
+    if (NTS == 1) {                                                                         \
+      uint32_t bf[2];                                                                       \
+      ldmatrix_x2(bf, kvb + (uint32_t)(b_n0 * ROWB + (((2 * (kk) + b_hi) ^ x7) << 4)));     \
+      _Pragma("unroll") for (int mi = 0; mi < SMT; mi++)                                    \
+          mma_bf16_16816(pacc[mi][0], af[mi], bf[0], bf[1]);                                \
+    } else {                                                                                \
+      _Pragma("unroll") for (int np = 0; np < NTS / 2; np++) {                              \
+        uint32_t bf[4];                                                                     \
+        ldmatrix_x4(bf, kvb + (uint32_t)((b_n0 + np * 16) * ROWB +                          \
+                                         (((2 * (kk) + b_hi) ^ x7) << 4)));                 \
+        _Pragma("unroll") for (int mi = 0; mi < SMT; mi++) {                                \
+          mma_bf16_16816(pacc[mi][2 * np], af[mi], bf[0], bf[1]);                           \
+          mma_bf16_16816(pacc[mi][2 * np + 1], af[mi], bf[2], bf[3]);                       \
+        }                                                                                   \
+      }                                                                                     \
+    }                                                                                       \
+  } while (0)
+        /* sacc += pacc * the entries' scale (gi >= 0: group gi's; -1: none), pacc = 0. */
+#define S_FOLD(gi)                                                                          \
+  do {                                                                                      \
+    _Pragma("unroll") for (int nt = 0; nt < NTS; nt++)                                      \
+    _Pragma("unroll") for (int e = 0; e < 2; e++) {                                         \
+      const int col_ = wn * 8 * NTS + nt * 8 + 2 * tig + e;                                 \
+      const float sc_ = (gi) >= 0 ? scale_s[col_ * 4 + (gi)] : 1.0f;                        \
+      _Pragma("unroll") for (int mi = 0; mi < SMT; mi++)                                    \
+      _Pragma("unroll") for (int hh = 0; hh < 2; hh++) {                                    \
+        sacc[mi][nt][2 * hh + e] = fmaf(pacc[mi][nt][2 * hh + e], sc_, sacc[mi][nt][2 * hh + e]); \
+        pacc[mi][nt][2 * hh + e] = 0.0f;                                                    \
+      }                                                                                     \
+    }                                                                                       \
+  } while (0)
+        if (FMT == FMT_DS) {
+          /* The rope part first, then the groups, not unrolled over them and their steps
+           * unrolled by 4: unrolled further, the loads hoisted ahead spill (ptxas, 64
+           * heads, dr 64: 52 bytes). */
 #pragma unroll
-        for (int kk = 0; kk < DQK / 16; kk++) {
-          uint32_t af[SMT][4];
-#pragma unroll
-          for (int mi = 0; mi < SMT; mi++)
-            ldmatrix_x4(af[mi], a_row + (uint32_t)(mi * 16 * ROWB + (((2 * kk + a_hi) ^ x7) << 4)));
-          if (NTS == 1) {
-            uint32_t bf[2];
-            ldmatrix_x2(bf, kvb + (uint32_t)(b_n0 * ROWB + (((2 * kk + b_hi) ^ x7) << 4)));
-#pragma unroll
-            for (int mi = 0; mi < SMT; mi++) mma_bf16_16816(sacc[mi][0], af[mi], bf[0], bf[1]);
-          } else {
-#pragma unroll
-            for (int np = 0; np < NTS / 2; np++) {
-              uint32_t bf[4];
-              ldmatrix_x4(bf, kvb + (uint32_t)((b_n0 + np * 16) * ROWB +
-                                               (((2 * kk + b_hi) ^ x7) << 4)));
-#pragma unroll
-              for (int mi = 0; mi < SMT; mi++) {
-                mma_bf16_16816(sacc[mi][2 * np], af[mi], bf[0], bf[1]);
-                mma_bf16_16816(sacc[mi][2 * np + 1], af[mi], bf[2], bf[3]);
-              }
-            }
+          for (int kk = 32; kk < DQK / 16; kk++) S_STEP(kk);
+          if (DR > 0) S_FOLD(-1);
+#pragma unroll 1
+          for (int gi = 0; gi < 4; gi++) {
+#pragma unroll 4
+            for (int k8 = 0; k8 < 8; k8++) S_STEP(8 * gi + k8);
+            S_FOLD(gi);
           }
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < DQK / 16; kk++) S_STEP(kk);
+          S_FOLD(-1);
         }
+#undef S_STEP
+#undef S_FOLD
 
         /* ---- online softmax: scale, softcap, mask; row max across the WN warps ---- */
 #pragma unroll
@@ -358,8 +399,17 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
               lsum[hh] += p0 + p1;
               const int row = wm * 16 * SMT + mi * 16 + g + 8 * hh;
               const int col = wn * 8 * NTS + nt * 8 + 2 * tig;
-              *(uint32_t *)(smem + L.p + swz(row, col >> 3, BN * 2) + (col & 7) * 2) =
-                  pack_bf16x2(p0, p1);
+              const uint32_t at = L.p + swz(row, col >> 3, BN * 2) + (col & 7) * 2;
+              if (FMT != FMT_DS) {
+                *(uint32_t *)(smem + at) = pack_bf16x2(p0, p1);
+              } else {
+                /* FP8_DS: P of group gi carries the entries' group-gi scales (one rounding
+                 * to bf16, as plain P gets), so V stays exact e4m3 in bf16. */
+#pragma unroll
+                for (int gi = 0; gi < 4; gi++)
+                  *(uint32_t *)(smem + at + gi * (M * BN * 2)) =
+                      pack_bf16x2(p0 * scale_s[col * 4 + gi], p1 * scale_s[(col + 1) * 4 + gi]);
+              }
             }
 #pragma unroll
           for (int hh = 0; hh < 2; hh++) {
@@ -371,6 +421,8 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
       __syncthreads();
 
       /* ---- O = alpha O + P V: all M heads x this warp's 64 output columns ---- */
+      /* FP8_DS: this warp's columns 64w..64w+63 lie in group w / 2: its own P buffer. */
+      const uint32_t pv_group = FMT == FMT_DS ? (uint32_t)(warp >> 1) : 0u;
 #pragma unroll
       for (int mt = 0; mt < MT; mt++) {
         const float a0 = alpha_s[mt * 16 + g], a1 = alpha_s[mt * 16 + g + 8];
@@ -385,7 +437,8 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
         uint32_t pa[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
-          ldmatrix_x4(pa[mt], p_s + swz(mt * 16 + (lane & 15), 2 * kk + (lane >> 4), BN * 2));
+          ldmatrix_x4(pa[mt], p_s + pv_group * (M * BN * 2) +
+                                  swz(mt * 16 + (lane & 15), 2 * kk + (lane >> 4), BN * 2));
         const int krow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int np = 0; np < 4; np++) {

@@ -159,13 +159,16 @@ typedef struct smla_cuda_fwd_layout {
   uint32_t q;      /* [16*mtiles][dqk] bf16, 16-byte chunks XOR-swizzled by row */
   uint32_t kv;     /* [kv_bufs][64][dqk] bf16, swizzled like q */
   uint32_t raw;    /* [raw_bufs][64][raw_row] fp8 rows as stored in the cache */
-  uint32_t p;      /* [16*mtiles][64] bf16 probabilities, swizzled */
+  uint32_t p;      /* [p_bufs][16*mtiles][64] bf16 probabilities, swizzled; FP8_DS: one
+                    * buffer per group g of 128 output columns, P times the entries'
+                    * group-g scales */
   uint32_t red;    /* [128] float: per-warp row maxima / sums */
   uint32_t alpha;  /* [16*mtiles] float: rescale factor of the running output */
   uint32_t rowmax; /* [16*mtiles] float: final row max */
   uint32_t mask;   /* [4][64] uint8: entry used, per tile (tile & 3) */
+  uint32_t scale;  /* FP8_DS: [64][4] float group scales of the tile's rows (else empty) */
   uint32_t total;
-  int kv_bufs, raw_bufs, raw_row;
+  int kv_bufs, raw_bufs, raw_row, p_bufs;
 } smla_cuda_fwd_layout;
 
 #ifdef __CUDACC__
@@ -182,15 +185,17 @@ SMLA_CUDA_HD smla_cuda_fwd_layout smla_cuda_fwd_layout_of(int format, int dr, in
   l.kv_bufs = format == 0 ? pipe : 1;
   l.raw_bufs = format == 0 ? 0 : pipe;
   l.raw_row = format == 1 ? (int)dqk : format == 2 ? 528 + 2 * dr : 0;
+  l.p_bufs = format == 2 ? 4 : 1;
   l.q = 0;
   l.kv = l.q + m * dqk * 2u;
   l.raw = l.kv + (uint32_t)l.kv_bufs * bn * dqk * 2u;
   l.p = l.raw + (uint32_t)l.raw_bufs * bn * (uint32_t)l.raw_row;
-  l.red = l.p + m * bn * 2u;
+  l.red = l.p + (uint32_t)l.p_bufs * m * bn * 2u;
   l.alpha = l.red + 128u * 4u;
   l.rowmax = l.alpha + m * 4u;
   l.mask = l.rowmax + m * 4u;
-  l.total = l.mask + 4u * bn;
+  l.scale = l.mask + 4u * bn;
+  l.total = l.scale + (format == 2 ? bn * 16u : 0u);
   return l;
 }
 

@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""The mutation check: each mutant below is a deliberate, realistic bug (truncated rounding,
+one scale for all FP8_DS groups, an off-by-one in lengths, a skipped tile, ...), applied
+alone to a copy of the tree; the test suite must fail on every one. A mutant that passes is
+a missing test, and this script then exits 1.
+
+  python3 scripts/mutants.py                  the CPU mutants (what CI runs; ~4 min on 2 cores)
+  python3 scripts/mutants.py --target gpu     the CUDA-kernel mutants (needs a GPU; builds
+                                              the mutants in parallel, then tests each)
+  python3 scripts/mutants.py --list           the list, with what each one breaks
+  python3 scripts/mutants.py --only a,b       just these
+  --md FILE                                   also write the result table as markdown
+
+Each mutant names one exact piece of source that must occur exactly once: when the code
+it names changes, the script fails with "anchor not found" instead of silently testing
+nothing; update the mutant with the code. A mutant that does not compile is an error too.
+
+How a mutant is judged: the C test driver (build/test_smla --fail-fast, with the
+mutant's --filter on the GPU, where each run costs device time) must exit non-zero; for
+the CPU mutants that survive it, the numpy tests (python/tests/test_ops.py) get a second
+try. The unmutated copy must pass the same commands first, so that a kill means the
+mutant, not a broken tree. The seed of each run is fresh and printed: a mutant must be
+caught on any inputs, not on one lucky draw.
+"""
+import argparse
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Mutant:
+    def __init__(self, name, target, path, old, new, what, filt=None):
+        self.name, self.target, self.path = name, target, path
+        self.old, self.new, self.what, self.filt = old, new, what, filt
+
+
+M = Mutant
+MUTANTS = [
+    # ---- the CPU backend (the oracle every GPU kernel is judged against) ----
+    M("cpu_bf16_truncate", "cpu", "src/numerics.h",
+      "u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even */",
+      "u += 0u;",
+      "float -> bf16 by truncation instead of round-to-nearest-even (out, merge, cache)"),
+    M("cpu_ds_one_scale", "cpu", "src/cpu/forward.c",
+      "smla_e4m3_to_f32(row[d]) * scales[d / SMLA_DS_GROUP]",
+      "smla_e4m3_to_f32(row[d]) * scales[0]",
+      "FP8_DS rows dequantized with group 0's scale for all four groups"),
+    M("cpu_lengths_off_by_one", "cpu", "src/cpu/forward.c",
+      "len = l < 0 ? 0 : (l > p->topk ? p->topk : l);",
+      "len = l < 0 ? 0 : (l > p->topk ? p->topk : l - 1);",
+      "the last entry inside lengths[t] is dropped"),
+    M("cpu_sink_twice", "cpu", "src/cpu/forward.c",
+      "denom += expf(p->sink[h0 + h] - m);",
+      "denom += 2.0f * expf(p->sink[h0 + h] - m);",
+      "the sink counted twice in the denominator"),
+    M("cpu_lse_base2", "cpu", "src/cpu/forward.c",
+      "empty ? -INFINITY : m + logf(z);",
+      "empty ? -INFINITY : m + log2f(z);",
+      "lse with a base-2 log"),
+    M("cpu_skipped_tile", "cpu", "src/cpu/forward.c",
+      "if (n) fold_chunk(p, &w, nh, n, dqk);",
+      "if (n && len <= CHUNK) fold_chunk(p, &w, nh, n, dqk);",
+      "the last, partial chunk of 64 gathered rows skipped when the row has more"),
+    M("cpu_dropped_rope", "cpu", "src/cpu/forward.c",
+      "qf[SMLA_DC + d] = smla_bf16_to_f32(qp[d]);",
+      "qf[SMLA_DC + d] = 0.0f * smla_bf16_to_f32(qp[d]);",
+      "the rope part of q dropped from the logits"),
+    M("cpu_mask_minus2", "cpu", "src/cpu/forward.c",
+      "} else if (s < -1 || s >= c->num_slots) {",
+      "} else if (s < -2 || s >= c->num_slots) {",
+      "index -2 treated as padding (-1) instead of a bad input"),
+    M("cpu_softcap_unscaled", "cpu", "src/cpu/forward.c",
+      "if (c > 0.0f) l = c * tanhf(l / c);",
+      "if (c > 0.0f) l = tanhf(l / c);",
+      "softcap without the outer c"),
+    M("cpu_max_logit_is_lse", "cpu", "src/cpu/forward.c",
+      "p->max_logit[t * p->max_logit_stride_t + h0 + h] = m;",
+      "p->max_logit[t * p->max_logit_stride_t + h0 + h] = empty ? m : m + logf(z);",
+      "max_logit written with the lse"),
+    M("cpu_merge_weight_no_max", "cpu", "src/cpu/ops.c",
+      "const float lae_all = p->sink ? smla_logaddexpf(lse, s) : lse;",
+      "const float lae_all = p->sink ? smla_logaddexpf(lse, s) : m;",
+      "merge weights exp(lse_p - max) instead of exp(lse_p - lse) (not normalized)"),
+    M("cpu_merge_sink_ignored", "cpu", "src/cpu/ops.c",
+      "const float s = p->sink ? p->sink[h] : 0.0f;",
+      "const float s = p->sink ? -INFINITY : 0.0f;",
+      "merge of sinked partials ignores the sink"),
+    M("cpu_convert_block_bound", "cpu", "src/cpu/ops.c",
+      "if (block >= p->blocks_per_request) return -1;",
+      "if (block > p->blocks_per_request) return -1;",
+      "convert lets p / bs == B through (reads past the block table row)"),
+    M("cpu_ds_scale_floor", "cpu", "src/numerics.h",
+      "if (u & 0x7fffffu) e += 1;              /* not a power of two: round the log up */",
+      "",
+      "FP8_DS writer's group scale rounded down instead of up (values saturate)"),
+    M("cpu_metadata_ctx", "cpu", "src/metadata.c",
+      "const int32_t c = p->seq_lens[r] - q_len + j + 1;",
+      "const int32_t c = p->seq_lens[r] - q_len + j;",
+      "causal context length one short"),
+
+    # ---- the CUDA kernels (each checked against the CPU backend and the reference) ----
+    M("gpu_bf16_truncate", "gpu", "src/cuda/forward_common.cuh",
+      "__floats2bfloat162_rn(lo, hi);",
+      "__floats2bfloat162_rz(lo, hi);",
+      "forward kernels' bf16 packing (out and P) rounds toward zero", "forward"),
+    M("gpu_ds_one_scale_s", "gpu", "src/cuda/forward_impl.cuh",
+      "const float sc_ = (gi) >= 0 ? scale_s[col_ * 4 + (gi)] : 1.0f;",
+      "const float sc_ = (gi) >= 0 ? scale_s[col_ * 4] : 1.0f;",
+      "generic FP8_DS: group 0's scale for every group of S", "forward"),
+    M("gpu_ds_one_scale_p", "gpu", "src/cuda/forward_impl.cuh",
+      "pack_bf16x2(p0 * scale_s[col * 4 + gi], p1 * scale_s[(col + 1) * 4 + gi]);",
+      "pack_bf16x2(p0 * scale_s[col * 4], p1 * scale_s[(col + 1) * 4]);",
+      "generic FP8_DS: group 0's scale for every group of P V", "forward"),
+    M("gpu_lengths_off_by_one", "gpu", "src/cuda/forward_common.cuh",
+      "if (a.lengths) len = min(max(a.lengths[b.t], 0), a.topk);",
+      "if (a.lengths) len = min(max(a.lengths[b.t] - 1, 0), a.topk);",
+      "both forward kernels drop the last entry inside lengths[t]", "forward"),
+    M("gpu_sink_twice", "gpu", "src/cuda/forward_common.cuh",
+      "if (a.sink) den += expf(a.sink[head] - m);",
+      "if (a.sink) den += 2.0f * expf(a.sink[head] - m);",
+      "unsplit forward epilogue counts the sink twice", "forward"),
+    M("gpu_lse_base2", "gpu", "src/cuda/forward_common.cuh",
+      "const float lse = l == 0.0f ? -INFINITY : m + logf(l);",
+      "const float lse = l == 0.0f ? -INFINITY : m + log2f(l);",
+      "forward epilogue's lse (and the partials' lse) in base 2", "forward"),
+    M("gpu_skipped_tile", "gpu", "src/cuda/forward_common.cuh",
+      "b.ntiles = b.kend > b.ks ? (b.kend - b.ks + FWD_BN - 1) / FWD_BN : 0;",
+      "b.ntiles = b.kend > b.ks ? (b.kend - b.ks) / FWD_BN : 0;",
+      "both forward kernels skip a split's last, partial tile of 64 entries", "forward"),
+    M("gpu_mask_minus2", "gpu", "src/cuda/forward_common.cuh",
+      "if (lp == 0 && in_range && (s < -1 || (int64_t)s >= a.num_slots)) (*bad)++;",
+      "if (lp == 0 && in_range && (s < -2 || (int64_t)s >= a.num_slots)) (*bad)++;",
+      "index -2 not counted as a bad input", "forward"),
+    M("gpu_generic_dropped_rope", "gpu", "src/cuda/forward_impl.cuh",
+      "for (int kk = 0; kk < DQK / 16; kk++) S_STEP(kk);",
+      "for (int kk = 0; kk < 32; kk++) S_STEP(kk);",
+      "generic kernel (BF16 and FP8_TENSOR caches) leaves the rope columns out of S",
+      "forward"),
+    M("gpu_sm90_dropped_rope", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "_Pragma(\"unroll\") for (int kb_ = 0; kb_ < KB; kb_++)",
+      "_Pragma(\"unroll\") for (int kb_ = 0; kb_ < KB - DR / 64; kb_++)",
+      "sm90 wgmma kernel leaves the rope block out of S", "forward"),
+    M("gpu_sm90_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "        alpha[hh] = ex2_approx((m_run[hh] - m_use) * FWD_LOG2E);\n"
+      "        m_run[hh] = m_new;\n        mls[hh] = m_use * FWD_LOG2E;\n      }\n#pragma unroll\n"
+      "      for (int nb = 0; nb < 4; nb++)",
+      "        alpha[hh] = m_run[hh] == NEG_INF ? 0.0f : 1.0f;\n"
+      "        m_run[hh] = m_new;\n        mls[hh] = m_use * FWD_LOG2E;\n      }\n#pragma unroll\n"
+      "      for (int nb = 0; nb < 4; nb++)",
+      "sm90 kernel's online softmax never rescales the running output when the max grows",
+      "forward"),
+    M("gpu_cluster_merge_sink", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "  float den = L;\n  if (a.sink) den += expf(a.sink[head] - M);",
+      "  float den = L;",
+      "sm90 in-kernel cluster merge of splits drops the sink", "forward,merge"),
+    M("gpu_merge4_weight", "gpu", "src/cuda/merge.cu",
+      "const float w = l[p] == NEG_INF ? -1.0f : expf(l[p] - lse);",
+      "const float w = l[p] == NEG_INF ? -1.0f : expf(l[p] - mx);",
+      "split-KV combine v4 (2..8 splits) weighs partials by exp(lse_p - max)",
+      "forward,merge"),
+    M("gpu_merge3_weight", "gpu", "src/cuda/merge.cu",
+      "w[u] = l[u] == NEG_INF ? -1.0f : expf(l[u] - lse); /* -1: contributes nothing */",
+      "w[u] = l[u] == NEG_INF ? -1.0f : expf(l[u] - mx); /* -1: contributes nothing */",
+      "split-KV combine v3 (8+ splits, few rows) weighs partials by exp(lse_p - max)",
+      "forward,merge"),
+    M("gpu_merge1_sink", "gpu", "src/cuda/merge.cu",
+      ": a.sinked ? expf(smla_logaddexpf(l, sink_h) - lae_all) : expf(l - lse);",
+      ": expf(l - lse);",
+      "public merge kernel (v1) ignores the sink of sinked partials", "merge,dcp"),
+    M("gpu_tensor_value_scale", "gpu", "src/cuda/backend.c",
+      "a.value_scale = tensor ? p->cache.scale : 1.0f;",
+      "a.value_scale = 1.0f;",
+      "FP8_TENSOR: the cache scale left out of the output", "forward"),
+]
+
+
+def sh(cmd, cwd, log, timeout=None, env=None):
+    """Runs cmd (a list) in cwd, appending its output to log; -> (exit code, seconds)."""
+    t0 = time.time()
+    with open(log, "a") as f:
+        f.write("$ %s\n" % " ".join(cmd))
+        f.flush()
+        try:
+            rc = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
+                                timeout=timeout, env=env).returncode
+        except subprocess.TimeoutExpired:
+            f.write("\n(timed out after %d s)\n" % timeout)
+            rc = -999
+    return rc, time.time() - t0
+
+
+def copy_tree(dst):
+    """The working tree as it is (tracked and untracked-not-ignored files), without builds."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                           check=True, capture_output=True).stdout.decode().split("\0")
+    for rel in files:
+        if not rel or not os.path.isfile(os.path.join(ROOT, rel)):
+            continue
+        os.makedirs(os.path.join(dst, os.path.dirname(rel)), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, rel), os.path.join(dst, rel))
+
+
+def apply(tree, m):
+    path = os.path.join(tree, m.path)
+    with open(path) as f:
+        src = f.read()
+    n = src.count(m.old)
+    if n != 1:
+        raise RuntimeError("%s: anchor %s in %s (update the mutant with the code)" %
+                           (m.name, "not found" if n == 0 else "found %d times" % n, m.path))
+    with open(path, "w") as f:
+        f.write(src.replace(m.old, m.new))
+    return src
+
+
+def first_failure(log):
+    with open(log) as f:
+        for line in f:
+            if line.startswith("FAIL") or "Segmentation" in line or "timed out" in line:
+                return line.strip()[:110]
+    return "(exit status)"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--only", help="comma-separated mutant names")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--md", help="also write the result table here (markdown)")
+    ap.add_argument("--keep", help="work in this folder and keep it (default: a temp folder)")
+    args = ap.parse_args()
+
+    todo = [m for m in MUTANTS if m.target == args.target]
+    if args.only:
+        names = args.only.split(",")
+        unknown = [n for n in names if n not in {m.name for m in MUTANTS}]
+        if unknown:
+            sys.exit("mutants: unknown mutant(s) %s (--list names them)" % ", ".join(unknown))
+        todo = [m for m in MUTANTS if m.name in names]
+    if args.list:
+        for m in todo:
+            print("%-26s %-4s %-34s %s" % (m.name, m.target, m.path, m.what))
+        return 0
+
+    gpu = args.target == "gpu"
+    work = args.keep or tempfile.mkdtemp(prefix="smla-mutants-")
+    base = os.path.join(work, "base")
+    if os.path.exists(base):
+        shutil.rmtree(base)
+    os.makedirs(base)
+    copy_tree(base)
+    logs = os.path.join(work, "logs")
+    os.makedirs(logs, exist_ok=True)
+    make = ["make", "-s", "BUILD=build"] + ([] if gpu else ["CUDA=0"])
+    targets = ["build/test_smla", "lib"]
+
+    print("mutants: %d %s mutant(s), work folder %s" % (len(todo), args.target, work))
+    blog = os.path.join(logs, "base.log")
+    rc, secs = sh(make + ["-j%d" % args.jobs] + targets, base, blog)
+    if rc:
+        sys.exit("mutants: the unmutated tree does not build (%s)" % blog)
+    filters = sorted({m.filt for m in todo if m.filt}) if gpu else []
+    for filt in filters or [None]:
+        cmd = ["build/test_smla", "--fail-fast"] + (["--filter", filt] if filt else [])
+        rc, secs = sh(cmd, base, blog, timeout=900)
+        if rc:
+            sys.exit("mutants: the unmutated tree fails its tests (%s): %s" %
+                     (blog, first_failure(blog)))
+    print("mutants: unmutated tree built and passed (%.0f s)" % secs)
+    sys.stdout.flush()
+
+    # Build every mutant in its own copy of the built tree (mtimes kept, so make rebuilds
+    # only what the mutant touched), several at once; then test them one at a time.
+    def build(m):
+        tree = os.path.join(work, m.name)
+        if os.path.exists(tree):
+            shutil.rmtree(tree)
+        shutil.copytree(base, tree, symlinks=True)
+        apply(tree, m)
+        log = os.path.join(logs, m.name + ".log")
+        if os.path.exists(log):
+            os.remove(log)
+        rc, _ = sh(make + ["-j%d" % max(1, args.jobs // 4)] + targets, tree, log)
+        return tree, log, rc
+
+    results = []
+    par = max(1, min(len(todo), args.jobs // 4)) if gpu else 1
+    with concurrent.futures.ThreadPoolExecutor(par) as ex:
+        futs = [ex.submit(build, m) for m in todo]
+        for m, fut in zip(todo, futs):
+            tree, log, rc = fut.result()
+            t0 = time.time()
+            if rc:
+                verdict, how = "ERROR", "does not build (%s)" % log
+            else:
+                cmd = ["build/test_smla", "--fail-fast"] + (
+                    ["--filter", m.filt] if gpu and m.filt else [])
+                rc, _ = sh(cmd, tree, log, timeout=900)
+                if rc:
+                    verdict, how = "killed", "C suite: " + first_failure(log)
+                elif not gpu:
+                    env = dict(os.environ, SMLA_LIBRARY=os.path.join(tree, "build/libsmla.so"),
+                               PYTHONPATH=os.path.join(tree, "python"))
+                    rc, _ = sh([sys.executable, "-m", "pytest", "-x", "-q",
+                                "python/tests/test_ops.py"], tree, log, timeout=900, env=env)
+                    verdict, how = (("killed", "numpy tests (C suite passed)") if rc
+                                    else ("SURVIVED", "C suite and numpy tests pass"))
+                else:
+                    verdict, how = "SURVIVED", "C suite passes"
+            results.append((m, verdict, how, time.time() - t0))
+            print("%-8s %-26s %s" % (verdict, m.name, how))
+            sys.stdout.flush()
+            if not args.keep:
+                shutil.rmtree(tree, ignore_errors=True)
+
+    killed = sum(1 for r in results if r[1] == "killed")
+    lines = ["| mutant | file | bug | verdict |", "| --- | --- | --- | --- |"]
+    for m, verdict, how, secs in results:
+        lines.append("| %s | %s | %s | %s: %s |" % (m.name, m.path, m.what, verdict,
+                                                    how.replace("|", "/")))
+    table = "\n".join(lines)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(table + "\n")
+    print()
+    print(table)
+    print()
+    print("mutants (%s): %d killed, %d not killed, of %d" % (args.target, killed,
+                                                           len(results) - killed, len(results)))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if killed == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
