@@ -208,6 +208,38 @@ static void c_strided_fp8_tensor_rows(t_case *tc) {
   fwd_free(&pb);
 }
 
+/* Head-major q and out, as an absorbed-q batched matmul leaves them (torch's
+ * q.transpose(0, 1).contiguous().transpose(0, 1): stride_t = 576 < stride_h = T * 576):
+ * the strides in the other order are as valid (SPEC: any non-overlapping layout). 64
+ * heads of a BF16 cache take the sm90 kernel on an H100/H200; lse head-contiguous. */
+static void c_head_major_q_out(t_case *tc) {
+  fwd_problem pb;
+  fwd_defaults(&pb, 5, 64, 300, 64, SMLA_CACHE_BF16);
+  pb.q_concat = 1;
+  pb.qn_st = SMLA_DC + 64;
+  pb.qn_sh = pb.T * (SMLA_DC + 64);
+  pb.out_st = SMLA_DC;
+  pb.out_sh = pb.T * SMLA_DC + 8;
+  pb.use_sink = 1;
+  fwd_make_inputs(&pb);
+  if (fwd_make_cache(tc, &pb) == 0) fwd_run(tc, &pb);
+  fwd_free(&pb);
+}
+
+/* The same with separate head-major q_nope / q_pe, 16 heads (the generic kernel), NoPE
+ * FP8_DS: q_pe is unused and NULL there. */
+static void c_head_major_dr0(t_case *tc) {
+  fwd_problem pb;
+  fwd_defaults(&pb, 4, 16, 200, 0, SMLA_CACHE_FP8_DS);
+  pb.qn_st = SMLA_DC;
+  pb.qn_sh = pb.T * SMLA_DC;
+  pb.out_st = SMLA_DC;
+  pb.out_sh = pb.T * SMLA_DC;
+  fwd_make_inputs(&pb);
+  if (fwd_make_cache(tc, &pb) == 0) fwd_run(tc, &pb);
+  fwd_free(&pb);
+}
+
 /* softcap 3 against logits of std ~2: many logits are squashed, the maxima strongly. */
 static void c_softcap(t_case *tc) {
   fwd_problem pb;
@@ -355,6 +387,8 @@ void t_register_forward_cases(void) {
   t_register("forward_strided_concat_q", c_strided_concat_q);
   t_register("forward_strided_padded", c_strided_padded);
   t_register("forward_strided_fp8_tensor_rows", c_strided_fp8_tensor_rows);
+  t_register("forward_head_major_q_out", c_head_major_q_out);
+  t_register("forward_head_major_dr0", c_head_major_dr0);
   t_register("forward_softcap", c_softcap);
   t_register("forward_softcap_fp8_ds", c_softcap_fp8_ds);
   t_register("forward_sink", c_sink);

@@ -145,6 +145,14 @@ static int mutate(int i, vfix *f, smla_forward_params *p, vcat *cat, smla_status
     M(31, V_MISMATCH, "topk 32, plan 64", "topk", (p->topk = 32, *want = SMLA_ERR_PLAN_MISMATCH))
     M(32, V_MISMATCH, "FP8_DS cache, plan BF16", "format", (p->cache.format = SMLA_CACHE_FP8_DS, p->cache.row_bytes = 656, *want = SMLA_ERR_PLAN_MISMATCH))
     M(33, V_MISMATCH, "Dr 0 cache, plan Dr 64", "dr", (p->cache.dr = 0, *want = SMLA_ERR_PLAN_MISMATCH))
+    /* 0: uniform attention (a forgotten field of a zeroed struct); < 0: the least similar rows */
+    M(34, V_SHAPE, "sm_scale 0", "sm_scale", p->sm_scale = 0.0f)
+    M(35, V_SHAPE, "sm_scale -0.04", "sm_scale", p->sm_scale = -0.04f)
+    M(36, V_SHAPE, "sm_scale inf", "sm_scale", p->sm_scale = INFINITY)
+    M(37, V_SHAPE, "softcap inf", "softcap", p->softcap = INFINITY)
+    /* strides in either order, but distinct (t, h) must not share elements */
+    M(38, V_STRIDE, "q_nope_stride_t == q_nope_stride_h (rows overlap)", "q_nope_stride", p->q_nope_stride_t = p->q_nope_stride_h)
+    M(39, V_STRIDE, "head-major out with stride_h one row short of T rows", "out_stride_h", (p->out_stride_t = 512, p->out_stride_h = VT * 512 - 8))
   }
 #undef M
   return 0;
@@ -263,6 +271,11 @@ static void c_validate_ops(t_case *tc) {
       w = cwv; w.slot = (const int64_t *)(f.ints + 16388);
       t_expect_status(tc, smla_cache_write(ctx, &w, NULL), SMLA_ERR_MISALIGNED, ctx, "slot", "cache_write slot 4 bytes off");
       w = cwv; w.kv_c_stride = 504; t_expect_status(tc, smla_cache_write(ctx, &w, NULL), SMLA_ERR_INVALID_ARGUMENT, ctx, "kv_c_stride", "cache_write kv_c_stride 504");
+      /* NoPE (Dr 0): k_pe is not read, NULL or a zero-width [T][0] view (stride 0) */
+      w = cwv; w.cache.dr = 0; w.k_pe = NULL; w.k_pe_stride = 0;
+      t_expect_ok(tc, smla_cache_write(ctx, &w, NULL), ctx, "cache_write Dr 0, k_pe NULL");
+      w.k_pe = f.q + 1024;
+      t_expect_ok(tc, smla_cache_write(ctx, &w, NULL), ctx, "cache_write Dr 0, zero-width k_pe (stride 0)");
       w = cwv; w.cache.format = SMLA_CACHE_FP8_TENSOR; w.cache.row_bytes = 576; w.cache.scale = 0.0f;
       t_expect_status(tc, smla_cache_write(ctx, &w, NULL), SMLA_ERR_INVALID_ARGUMENT, ctx, "scale", "FP8_TENSOR scale 0");
       w.cache.scale = NAN;

@@ -931,12 +931,17 @@ def cache_write_into(kv_c, k_pe, slot, cache, format, dr, scale, bad_inputs, str
     else:
         if W != DC:
             fail(fn, "kv_c", "expected [T, 512] with k_pe given, got shape %s" % (tuple(ks),))
-        if cdr == 0:
-            fail(fn, "k_pe", "must be None for a NoPE (dr=0) cache")
-        pp, ps, pstt, pkeep = arg(k_pe, fn, "k_pe", _BF16, 2, kind, dev)
-        if ps[0] != T or ps[1] != cdr:
-            fail(fn, "k_pe", "expected shape [%d, %d] (T, dr), got %s" % (T, cdr, tuple(ps)))
-        pst = pstt[0]
+        shape = tuple(getattr(k_pe, "shape", ()))
+        if cdr == 0:  # NoPE: nothing to read; a zero-width [T, 0] view is what engines pass
+            if shape != (T, 0):
+                fail(fn, "k_pe", "a NoPE (dr=0) cache takes None or a zero-width [%d, 0] "
+                     "k_pe, got shape %s" % (T, shape))
+            pp, pst, pkeep = None, 0, None
+        else:
+            pp, ps, pstt, pkeep = arg(k_pe, fn, "k_pe", _BF16, 2, kind, dev)
+            if ps[0] != T or ps[1] != cdr:
+                fail(fn, "k_pe", "expected shape [%d, %d] (T, dr), got %s" % (T, cdr, tuple(ps)))
+            pst = pstt[0]
     sp, ss, _, skeep = arg(slot, fn, "slot", _I64, 1, kind, dev)
     if ss[0] != T:
         fail(fn, "slot", "expected shape [%d] (T), got %s" % (T, tuple(ss)))

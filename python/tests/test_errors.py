@@ -77,6 +77,15 @@ def test_forward_argument_errors(mutate, exc, pattern):
                      sink=a["sink"], out=a["out"])
 
 
+@pytest.mark.parametrize("sm_scale", [0.0, -0.04, float("nan"), float("inf")])
+def test_forward_sm_scale_must_be_finite_and_positive(sm_scale):
+    """0 would be uniform attention (a forgotten argument), < 0 attention to the least
+    similar rows: the library refuses both, naming the argument."""
+    cache, q, slots = setup()
+    with pytest.raises(smla.SmlaError, match=r"sm_scale = .*must be finite and > 0"):
+        smla.forward(q, None, cache, slots, sm_scale=sm_scale)
+
+
 def test_c_library_names_the_argument():
     """Alignment and stride rules are the library's: its message names the field."""
     cache, q, slots = setup()

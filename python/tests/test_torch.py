@@ -538,3 +538,41 @@ def test_compile_with_kvcache_and_merge(device):
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(q, slots, lengths)
     for w, g in zip(want, got):
         same(w, g)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N", [16, 64])
+def test_forward_head_major_q_and_out(device, N):
+    """The head-major q an absorbed-q batched matmul leaves (q.transpose(0, 1).contiguous()
+    .transpose(0, 1): stride_t = 576 < stride_h = T * 576) and a head-major out are valid
+    layouts (SPEC: any non-overlapping strides) and give the token-major results."""
+    T, K, S = 5, 96, 300
+    q, kv, rows, slots, lengths, sink = make_case(device, "bf16", 64, T, N, K, S, seed=31 + N)
+    qh = q.transpose(0, 1).contiguous().transpose(0, 1)
+    assert qh.stride() == (576, T * 576, 1)
+    out, lse = smla.forward(q, None, kv, slots, lengths=lengths, sink=sink, return_lse=True)
+    outh = torch.empty((N, T, DC), dtype=torch.bfloat16, device=device).transpose(0, 1)
+    got, lseh = smla.forward(qh, None, kv, slots, lengths=lengths, sink=sink, out=outh,
+                             return_lse=True)
+    assert got is outh
+    same(out, outh)
+    same(lse, lseh)
+    r_out, r_lse, _, pabs = torch_ref_forward(q, rows, slots, 1 / math.sqrt(576), lengths,
+                                              sink=sink, abs_mean=True)
+    check_close(outh, r_out, out_atol(device, pabs), 1.6e-2, "out (head-major)")
+    check_unbiased(outh.float().cpu().numpy(), r_out.cpu().numpy(), "out", out_model(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cache_write_nope_takes_a_zero_width_k_pe(device):
+    """A NoPE engine passes k_pe as a [T, 0] view: accepted like None, same bytes."""
+    T, S = 6, 16
+    kv_c = torch.randn((T, DC)).to(torch.bfloat16).to(device)
+    slot = torch.arange(T, dtype=torch.int64, device=device) * 2
+    a = torch.zeros((S, 1024), dtype=torch.uint8, device=device)
+    b = torch.zeros_like(a)
+    smla.cache_write(kv_c, None, slot, smla.KVCache(a, format="bf16", dr=0))
+    smla.cache_write(kv_c, kv_c[:, :0], slot, smla.KVCache(b, format="bf16", dr=0))
+    assert torch.equal(a, b) and a.any()
+    with pytest.raises(ValueError, match=r"k_pe: a NoPE \(dr=0\) cache takes None or a zero-width"):
+        smla.cache_write(kv_c, kv_c[:, :8], slot, smla.KVCache(b, format="bf16", dr=0))
