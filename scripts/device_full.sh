@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Everything a change needs on the GPU machine in one call, logs in one tarball:
 #   SMLA_GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/device_full.sh [extra bench args]
-#   STEPS="test bench" ... runs only those of: test checks overhead bench baseline dcp ab absan sweep
-#   profile (the build always runs; default: all but absan, the A/B build under the
-#   sanitizer, and sweep, the split counts of T = 16, 32 at N = 128)
+#   STEPS="test bench" ... runs only those of: test checks overhead bench baseline fp8 mutants
+#   dcp ab absan sweep profile (the build always runs; default: all but fp8, mutants (the
+#   GPU mutation check, ~6 min alone), absan, the A/B build under the sanitizer, and
+#   sweep, the split counts of T = 16, 32 at N = 128)
 # 1. make all; build/test_smla (CPU + GPU cases);
 # 2. compute-sanitizer (memcheck, racecheck, initcheck, synccheck, in parallel) over the
 #    test driver, while the Python GPU checks run (python/run_gpu_checks.sh: pytest, the
@@ -83,6 +84,21 @@ if has baseline && [ -f "$L/decode.json" ] && [ -f "$L/prefill.json" ]; then
   timeout 120 ${PYTHON:-python3} python/bench_torch_baseline.py --smla "$L/decode.json" \
     "$L/prefill.json" --json "$L/torch_baseline.json" >"$L/torch_baseline.txt" 2>&1
   stamp "$(grep -E '^bench_torch_baseline' "$L/torch_baseline.txt" | tr '\n' ';')"
+fi
+# The fp8 caches (the generic kernel at every N): decode shapes and one prefill shape.
+if has fp8; then
+  for f in fp8_ds fp8_tensor; do
+    timeout 90 build/smla bench --format $f -N 16,64,128 -T 1,16,64,1024 >"$L/bench_$f.txt" 2>&1
+    echo "$f:"; grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_$f.txt" | cut -c1-90
+  done
+fi
+# The mutation check of the CUDA kernels (scripts/mutants.py --target gpu): every mutant
+# must fail the test driver.
+if has mutants; then
+  timeout 560 python3 scripts/mutants.py --target gpu --jobs 16 --from-build build --md "$L/mutants_gpu.md" \
+    >"$L/mutants_gpu.log" 2>&1 || fail=1
+  grep -E '^(killed|SURVIVED|ERROR) |^mutants' "$L/mutants_gpu.log"
+  cp "$L/mutants_gpu.md" "$O/" 2>/dev/null
 fi
 # Decode context parallelism: one rank per GPU over NCCL, then 4 ranks simulated on GPU 0
 # with the merge benchmark (docs/dcp.md).

@@ -195,11 +195,25 @@ def sh(cmd, cwd, log, timeout=None, env=None):
     return rc, time.time() - t0
 
 
+def source_files():
+    """The working tree's files: tracked and untracked-not-ignored ones from git, or (a copy
+    without .git, as on the device machine) every file outside build folders and caches."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                             check=True, capture_output=True).stdout.decode()
+        return [f for f in out.split("\0") if f]
+    except (OSError, subprocess.CalledProcessError):
+        files = []
+        for d, subdirs, names in os.walk(ROOT):
+            subdirs[:] = [x for x in subdirs if not (x.startswith("build") or x.startswith(".")
+                                                     or x == "__pycache__")]
+            files += [os.path.relpath(os.path.join(d, n), ROOT) for n in names]
+        return files
+
+
 def copy_tree(dst):
-    """The working tree as it is (tracked and untracked-not-ignored files), without builds."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                           check=True, capture_output=True).stdout.decode().split("\0")
-    for rel in files:
+    """The working tree as it is, without builds (mtimes kept)."""
+    for rel in source_files():
         if not rel or not os.path.isfile(os.path.join(ROOT, rel)):
             continue
         os.makedirs(os.path.join(dst, os.path.dirname(rel)), exist_ok=True)
@@ -235,6 +249,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--md", help="also write the result table here (markdown)")
     ap.add_argument("--keep", help="work in this folder and keep it (default: a temp folder)")
+    ap.add_argument("--from-build", help="start from this build folder of the working tree "
+                    "(made by `make` with the same CUDA setting; saves the first full build)")
     args = ap.parse_args()
 
     todo = [m for m in MUTANTS if m.target == args.target]
@@ -256,6 +272,9 @@ def main():
         shutil.rmtree(base)
     os.makedirs(base)
     copy_tree(base)
+    if args.from_build:
+        shutil.copytree(os.path.join(ROOT, args.from_build), os.path.join(base, "build"),
+                        symlinks=True)
     logs = os.path.join(work, "logs")
     os.makedirs(logs, exist_ok=True)
     make = ["make", "-s", "BUILD=build"] + ([] if gpu else ["CUDA=0"])
