@@ -84,7 +84,7 @@ ifneq ($(NCCL),0)
 endif
 endif
 
-.PHONY: all lib test test-c test-python bench plot install clean sanitize fuzz
+.PHONY: all lib test test-c test-python bench plot install clean sanitize fuzz mutants mutants-gpu
 .DEFAULT_GOAL := all
 all: lib $(CLI) $(TESTS) $(EXAMPLE) $(DCP)
 lib: $(STATIC) $(SHARED) $(BUILD)/libsmla.so
@@ -160,6 +160,14 @@ test-python: lib
 	elif $(PYTHON) -c 'import numpy, pytest' 2>/dev/null; then \
 	  SMLA_LIBRARY=$(abspath $(BUILD)/libsmla.so) PYTHONPATH=$(abspath python) $(PYTHON) -m pytest -q -rs python/tests; \
 	else echo "python tests: SKIPPED (numpy and pytest not installed; .ci/run installs them)"; fi
+
+# The mutation check (scripts/mutants.py): each deliberate bug in a copy of the tree must
+# fail the tests. `make mutants` runs the CPU ones (as CI does), `make mutants-gpu` those
+# of the CUDA kernels (needs a GPU).
+mutants:
+	$(PYTHON) scripts/mutants.py
+mutants-gpu:
+	$(PYTHON) scripts/mutants.py --target gpu
 
 bench: $(CLI)
 	$(CLI) bench
