@@ -81,3 +81,176 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk
         max_logits = max_logits * _LOG2E
     lse.masked_fill_(lse == -math.inf, math.inf)
     return out, max_logits, lse
+
+
+# ---- FlashMLA's sparse decode: get_mla_metadata + flash_mla_with_kvcache ---------------------
+class FlashMLASchedMeta:
+    """What `get_mla_metadata()` returns in FlashMLA (since 2026-01): an object that the first
+    `flash_mla_with_kvcache` call fills with that call's configuration, and later calls must
+    match. smla needs no schedule on the device (its plan is made on the host from shapes),
+    so this only records the configuration and checks that later calls agree, as FlashMLA
+    does (an AssertionError there; a ValueError naming the field here)."""
+
+    def __init__(self):
+        self.have_initialized = False
+        self.config = None
+
+    def _check(self, config):
+        if not self.have_initialized:
+            self.config, self.have_initialized = config, True
+            return
+        for k, v in config.items():
+            if self.config.get(k) != v:
+                _ops.fail("compat.flash_mla_with_kvcache", "tile_scheduler_metadata",
+                          "was made for %s = %r, this call has %r (one FlashMLASchedMeta per "
+                          "shape: call get_mla_metadata() again)" % (k, self.config.get(k), v))
+
+
+def get_mla_metadata(*args, **kwargs):
+    """FlashMLA's `get_mla_metadata`: returns (FlashMLASchedMeta(), None). Its arguments
+    (those of FlashMLA's older releases too: cache_seqlens, num_q_tokens_per_head_k,
+    num_heads_k, num_heads_q=, is_fp8_kvcache=, topk=) are accepted and not needed: smla
+    plans from shapes on the host, reads nothing from the device and launches nothing."""
+    return FlashMLASchedMeta(), None
+
+
+def _paged_cache(k_cache, fn, name):
+    """[num_blocks, page, 1, row] -> (a [rows, row] view of its bytes, page, rows per block).
+    Rows inside a block must be contiguous (stride(1) = row, as FlashMLA requires); the
+    block stride may be larger, a whole number of rows (indices are then remapped)."""
+    if not isinstance(k_cache, Tensor) or k_cache.dim() != 4 or k_cache.shape[2] != 1:
+        _ops.fail(fn, name, "expected a [num_blocks, page_block_size, 1, row] tensor, got %s"
+                  % (tuple(k_cache.shape) if isinstance(k_cache, Tensor)
+                     else type(k_cache).__name__))
+    nb, page, _, row = k_cache.shape
+    s0, s1 = k_cache.stride(0), k_cache.stride(1)
+    if k_cache.stride(3) != 1 or (page > 1 and s1 != row):
+        _ops.fail(fn, name, "rows of a block must be contiguous (stride(1) = %d), got strides %s"
+                  % (row, tuple(k_cache.stride())))
+    per_block = page if nb == 1 else s0 // row
+    if nb > 1 and (s0 % row or per_block < page):
+        _ops.fail(fn, name, "the block stride %d is not a whole number of %d-element rows >= "
+                  "page_block_size" % (s0, row))
+    rows = (nb - 1) * per_block + page
+    return k_cache.as_strided((rows, row), (row, 1)), page, per_block
+
+
+def _slots_of(indices, page, per_block, T):
+    """[b, s_q, topk] global token indices (block * page + offset; -1 skips) -> [T, topk]
+    slots of the flat row view (equal unless blocks are padded). Device ops only."""
+    idx = indices.reshape(T, indices.shape[-1])
+    if per_block == page:
+        return idx
+    remapped = (idx // page) * per_block + idx % page
+    return torch.where(idx >= 0, remapped, idx).to(torch.int32)
+
+
+def _cache_format(k_cache, is_fp8_kvcache, d_qk, fn):
+    row_bytes = k_cache.shape[-1] * k_cache.element_size()
+    want = {(True, 576): 656, (True, 512): 528, (False, 576): 1152, (False, 512): 1024}
+    fmt = "fp8_ds" if is_fp8_kvcache else "bf16"
+    if row_bytes != want[(bool(is_fp8_kvcache), d_qk)]:
+        why = (" (FlashMLA's 584-byte fp8 layout of d_qk 512 models is not one smla reads)"
+               if row_bytes == 584 else "")
+        _ops.fail(fn, "k_cache", "rows of %d bytes, but is_fp8_kvcache=%s with d_qk %d means "
+                  "%s rows of %d bytes%s" % (row_bytes, bool(is_fp8_kvcache), d_qk, fmt,
+                                             want[(bool(is_fp8_kvcache), d_qk)], why))
+    return fmt
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table=None, cache_seqlens=None, head_dim_v=512,
+                           tile_scheduler_metadata=None, num_splits=None, softmax_scale=None,
+                           causal=False, is_fp8_kvcache=False, indices=None, attn_sink=None,
+                           extra_k_cache=None, extra_indices_in_kvcache=None,
+                           topk_length=None, extra_topk_length=None):
+    """FlashMLA's decode entry (`flash_mla.flash_mla_with_kvcache`) in its sparse form
+    (`indices` given), computed by smla. Positional order and defaults as FlashMLA's.
+
+    Args (FlashMLA's shapes):
+        q: [b, s_q, h_q, d_qk] bfloat16, d_qk 576 (rope 64) or 512 (NoPE).
+        k_cache: [num_blocks, page_block_size, 1, row]: the 656-byte FP8 layout of
+            DeepSeek-V3.2 (uint8 / int8 / float8_e4m3fn, is_fp8_kvcache=True; 528 bytes for
+            d_qk 512) or a bf16 cache (1152 / 1024 bytes a row, is_fp8_kvcache=False).
+            Rows of a block contiguous; the block stride may be larger (whole rows).
+        block_table, cache_seqlens: ignored in sparse mode (as FlashMLA does).
+        head_dim_v: 512.
+        tile_scheduler_metadata: get_mla_metadata()'s object (or the older releases'
+            tensor); num_splits: None (or the older releases' tensor): not needed.
+        softmax_scale: default d_qk ** -0.5.
+        causal: False (sparse attention has no causal mask; FlashMLA asserts it too).
+        indices: [b, s_q, topk] int32 token indices into k_cache, block * page_block_size
+            + offset; -1 (or any value outside the cache) is skipped, wherever it sits.
+        attn_sink: optional [h_q] float32: out *= exp(lse) / (exp(lse) + exp(attn_sink));
+            lse itself is unchanged.
+        topk_length: optional [b] int32: batch row i uses indices[i, :, :topk_length[i]].
+        extra_k_cache, extra_indices_in_kvcache ([b, s_q, extra_topk]), extra_topk_length
+            ([b]): a second cache attended together with the first (one softmax over both
+            index lists).
+
+    Returns (out, lse), as FlashMLA:
+        out: [b, s_q, h_q, 512] bfloat16.
+        lse: [b, h_q, s_q] float32 (a transposed view of a [b, s_q, h_q] buffer), natural
+            log of sum exp(softmax_scale * q.k) over the used entries, without the sink.
+        A row with no used entry: out 0, lse +inf.
+
+    Differences from FlashMLA: any h_q in 1..128 (FlashMLA: 64 or 128, so 8 or 16 heads per
+    GPU are padded); bf16 caches too; topk_length and the extra cache on every GPU (FlashMLA's
+    SM90 V3.2 kernel refuses both) and any topk; any GPU smla runs on, and the CPU. No host
+    sync; CUDA-graph safe once a first eager call has made the plan (as FlashMLA's schedule
+    is made on the first call). With an extra cache the two parts are computed apart and
+    merged by log-sum-exp (smla.merge_states), their bf16 outputs rounded once more.
+    Dense decode (indices=None) is not smla's: it raises.
+    """
+    fn = "compat.flash_mla_with_kvcache"
+    if indices is None:
+        _ops.fail(fn, "indices", "is None: smla computes sparse attention only (FlashMLA's "
+                  "dense paged decode is not provided)", NotImplementedError)
+    if causal:
+        _ops.fail(fn, "causal", "must be False in sparse mode (as FlashMLA asserts)")
+    if head_dim_v != _ops.DC:
+        _ops.fail(fn, "head_dim_v", "must be 512, got %r" % (head_dim_v,))
+    if not isinstance(q, Tensor) or q.dim() != 4:
+        _ops.fail(fn, "q", "expected a [b, s_q, h_q, d_qk] torch.Tensor, got %s"
+                  % (tuple(q.shape) if isinstance(q, Tensor) else type(q).__name__))
+    b, s_q, h_q, d_qk = q.shape
+    if d_qk not in (512, 576):
+        _ops.fail(fn, "q", "d_qk must be 576 or 512, got %d" % d_qk)
+    if indices.dim() != 3 or tuple(indices.shape[:2]) != (b, s_q):
+        _ops.fail(fn, "indices", "expected [b=%d, s_q=%d, topk], got shape %s"
+                  % (b, s_q, tuple(indices.shape)))
+    if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
+        tile_scheduler_metadata._check(dict(
+            b=b, s_q=s_q, h_q=h_q, page_block_size=k_cache.shape[1], is_fp8_kvcache=bool(
+                is_fp8_kvcache), topk=indices.shape[-1],
+            extra_topk=None if extra_indices_in_kvcache is None
+            else extra_indices_in_kvcache.shape[-1]))
+    scale = float(softmax_scale) if softmax_scale is not None else d_qk ** -0.5
+    T = b * s_q
+    qf = q.reshape(T, h_q, d_qk)
+
+    def part(cache, idx, lengths, cname):
+        flat, page, per_block = _paged_cache(cache, fn, cname)
+        fmt = _cache_format(cache, is_fp8_kvcache, d_qk, fn)
+        slots = _slots_of(idx, page, per_block, T)
+        ln = None if lengths is None else lengths.repeat_interleave(s_q)
+        return _ops.forward(qf, None, flat, slots, sm_scale=scale, lengths=ln,
+                            sink=attn_sink, format=fmt, dr=d_qk - _ops.DC,
+                            return_lse=True)
+
+    if (extra_k_cache is None) != (extra_indices_in_kvcache is None):
+        _ops.fail(fn, "extra_k_cache", "and extra_indices_in_kvcache come together")
+    if extra_k_cache is None and extra_topk_length is not None:
+        _ops.fail(fn, "extra_topk_length", "given without extra_k_cache")
+    out, lse = part(k_cache, indices, topk_length, "k_cache")
+    if extra_k_cache is not None:
+        if extra_indices_in_kvcache.dim() != 3 or \
+                tuple(extra_indices_in_kvcache.shape[:2]) != (b, s_q):
+            _ops.fail(fn, "extra_indices_in_kvcache", "expected [b=%d, s_q=%d, extra_topk], "
+                      "got shape %s" % (b, s_q, tuple(extra_indices_in_kvcache.shape)))
+        out2, lse2 = part(extra_k_cache, extra_indices_in_kvcache, extra_topk_length,
+                          "extra_k_cache")
+        out, lse = _ops.merge_states(torch.stack([out, out2]), torch.stack([lse, lse2]),
+                                     out_dtype=torch.bfloat16, return_lse=True,
+                                     sink=attn_sink)
+    lse = lse.masked_fill(lse == -math.inf, math.inf)
+    return out.view(b, s_q, h_q, _ops.DC), lse.view(b, s_q, h_q).transpose(1, 2)

@@ -306,8 +306,10 @@ def round_bf16_nearest(x):
     return np.ldexp(np.rint(np.ldexp(x, 8 - e)), e - 8)
 
 
-def unbiased_stats(got, ref, row_len=DC, model=OUT_MODEL_CPU):
-    """-> (b, lo, hi, frob, n) of check_unbiased, or None when nothing is measurable."""
+def unbiased_stats(got, ref, row_len=DC, model=OUT_MODEL_CPU, rounded_ref=None):
+    """-> (b, lo, hi, frob, n) of check_unbiased, or None when nothing is measurable.
+    rounded_ref: what an exact computation of the algorithm gives with its roundings (its
+    bias is b0); default: ref rounded to nearest bf16 once."""
     g = np.asarray(got, np.float64).reshape(-1, row_len)
     r = np.asarray(ref, np.float64).reshape(-1, row_len)
     ok = np.isfinite(g) & np.isfinite(r) & (r != 0)
@@ -318,7 +320,11 @@ def unbiased_stats(got, ref, row_len=DC, model=OUT_MODEL_CPU):
     a = np.where(ok, np.abs(r), 0.0)
     sum_abs = a.sum()
     b = (d * np.sign(r)).sum() / sum_abs
-    rn = np.where(ok, round_bf16_nearest(np.where(ok, r, 1.0)) - r, 0.0)
+    if rounded_ref is None:
+        rr = round_bf16_nearest(np.where(ok, r, 1.0))
+    else:
+        rr = np.asarray(rounded_ref, np.float64).reshape(-1, row_len)
+    rn = np.where(ok, rr - r, 0.0)
     b0 = (rn * np.sign(r)).sum() / sum_abs
     row_abs = a.sum(axis=1)
     bound = (model.sigmas * math.sqrt(model.elem_var * (a * a).sum() +
@@ -328,11 +334,11 @@ def unbiased_stats(got, ref, row_len=DC, model=OUT_MODEL_CPU):
     return b, min(0.0, b0) - bound, max(0.0, b0) + bound, frob, n
 
 
-def check_unbiased(got, ref, what, model=OUT_MODEL_CPU, row_len=DC):
+def check_unbiased(got, ref, what, model=OUT_MODEL_CPU, row_len=DC, rounded_ref=None):
     """The bias and relative-Frobenius checks of a bf16 result (values, any float dtype)
     whose only errors should be roundings to nearest; rows of `row_len` elements (the
     (t, h) rows of forward's out). NaN/inf positions are assert_close's business."""
-    st = unbiased_stats(got, ref, row_len, model)
+    st = unbiased_stats(got, ref, row_len, model, rounded_ref)
     if st is None:
         return
     b, lo, hi, frob, n = st
@@ -356,7 +362,8 @@ TOL_LSE = (1e-4, 1e-5)
 
 
 def assert_close(got, ref, atol, rtol, what):
-    """|got - ref| <= atol + rtol |ref| everywhere, with NaN and inf in the same places."""
+    """|got - ref| <= atol + rtol |ref| everywhere, with NaN and inf in the same places;
+    atol may be an array of ref's shape (an elementwise bound)."""
     got = np.asarray(got, np.float64)
     ref = np.asarray(ref, np.float64)
     assert got.shape == ref.shape, (what, got.shape, ref.shape)
@@ -367,6 +374,8 @@ def assert_close(got, ref, atol, rtol, what):
     assert (got[inf_r] == ref[inf_r]).all(), "%s: inf mismatch" % what
     fin = ~(nan_r | inf_r)
     err = np.abs(got[fin] - ref[fin])
+    if np.ndim(atol):
+        atol = np.broadcast_to(np.asarray(atol, np.float64), ref.shape)[fin]
     tol = atol + rtol * np.abs(ref[fin])
     if not (err <= tol).all():
         bad = np.argwhere(~(err <= tol))[:5].ravel()
