@@ -254,3 +254,171 @@ def flash_mla_with_kvcache(q, k_cache, block_table=None, cache_seqlens=None, hea
                                      sink=attn_sink)
     lse = lse.masked_fill(lse == -math.inf, math.inf)
     return out.view(b, s_q, h_q, _ops.DC), lse.view(b, s_q, h_q).transpose(1, 2)
+
+
+# ---- FlashInfer's MLA wrapper, without the host sync in plan ---------------------------------
+class BatchMLAPagedAttentionWrapper:
+    """FlashInfer's `flashinfer.mla.BatchMLAPagedAttentionWrapper` (plan / run), computed by
+    smla: the use vLLM's FlashInfer sparse MLA backend makes of it (page_size 1: every
+    "page" is one token slot, kv_indices the selected slots of each query row) and paged
+    use in general (any page_size, causal or not).
+
+    The difference that matters: plan never reads device memory on the host. FlashInfer's
+    plan copies qo_indptr, kv_indptr and kv_len_arr to the host (a device sync when they
+    live on the GPU); here, given CPU tensors (as vLLM passes them) they are read where they
+    are, and given device tensors plan reads nothing and needs `max_kv_len=` (an upper
+    bound on kv_len_arr, smla's keyword) instead. run builds the per-row slot lists on the
+    device from kv_indices as it is at run time, so it may be captured in a CUDA graph after
+    a first eager run, with kv_indices rewritten between replays.
+
+    Caches: ckv_cache [num_pages, page_size, 512] and kpe_cache [num_pages, page_size, dr]
+    must be views of one buffer of [.., 512 + dr] rows (kpe right after ckv in each row, as
+    vLLM's views of its [slots, 1, 576] cache are), rows evenly spaced; bf16 (smla's BF16
+    format) or float8_e4m3fn with one scale for both parts (ckv_scale == kpe_scale:
+    FP8_TENSOR). Per-channel-group scales (ckv_scale_arr) and the cutlass backend's
+    arguments (kv_len, page_table) are refused with a message.
+
+    lse (return_lse): [T, H] float32, base 2 unless return_lse_base_on_e=True, -inf for a
+    row with no KV token (its out is 0), as FlashInfer. Any head count 1..128."""
+
+    def __init__(self, float_workspace_buffer=None, use_cuda_graph=False, qo_indptr=None,
+                 kv_indptr=None, kv_indices=None, kv_len_arr=None, backend="auto"):
+        self._planned = False
+        self._use_cuda_graph = use_cuda_graph
+        self._kv_indices_buf = kv_indices
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv,
+             head_dim_kpe, page_size, causal, sm_scale, q_data_type, kv_data_type,
+             use_profiler=False, *, max_kv_len=None):
+        fn = "compat.BatchMLAPagedAttentionWrapper.plan"
+        if head_dim_ckv != _ops.DC:
+            _ops.fail(fn, "head_dim_ckv", "must be 512, got %r" % (head_dim_ckv,))
+        if head_dim_kpe not in (0, 64):
+            _ops.fail(fn, "head_dim_kpe", "must be 64 or 0, got %r" % (head_dim_kpe,))
+        if int(page_size) < 1:
+            _ops.fail(fn, "page_size", "must be >= 1, got %r" % (page_size,))
+        if kv_data_type not in (torch.bfloat16, torch.float8_e4m3fn):
+            _ops.fail(fn, "kv_data_type", "bfloat16 or float8_e4m3fn, got %r" % (kv_data_type,))
+        if q_data_type != torch.bfloat16:
+            _ops.fail(fn, "q_data_type", "must be bfloat16, got %r" % (q_data_type,))
+        R = kv_len_arr.shape[0]
+        host = all(t.device.type == "cpu" for t in (qo_indptr, kv_len_arr))
+        dev = kv_indices.device
+        if host:  # read where they are: no device sync
+            qo = qo_indptr.to(torch.int64)
+            kvl = kv_len_arr.to(torch.int64)
+            q_len = qo[1:R + 1] - qo[:R]
+            num_rows = int(qo[R])
+            req = torch.repeat_interleave(torch.arange(R), q_len)
+            k_max = int(kvl.max()) if R else 0
+            if max_kv_len is not None:
+                k_max = min(k_max, int(max_kv_len))
+            self._req = req.to(dev, non_blocking=True)
+            self._row_in_req = (torch.arange(num_rows) - qo[req]).to(dev, non_blocking=True)
+            self._q_len = q_len[req].to(dev, non_blocking=True)  # per row
+        else:
+            if max_kv_len is None:
+                _ops.fail(fn, "max_kv_len", "qo_indptr / kv_len_arr are on %s: reading them "
+                          "here would sync with the device (what FlashInfer's plan does); pass "
+                          "CPU tensors, or max_kv_len= (an upper bound on kv_len_arr)"
+                          % qo_indptr.device)
+            k_max = int(max_kv_len)
+            num_rows = None  # from q_nope at run time
+            self._req = None
+            self._qo_dev = qo_indptr.to(dev, torch.int64)
+        self._kv_indptr = kv_indptr.to(dev, torch.int64, non_blocking=True)
+        self._kv_len = kv_len_arr.to(dev, torch.int32, non_blocking=True)
+        self._kv_indices = kv_indices
+        self._num_rows, self._k = num_rows, max(1, k_max)
+        self._heads, self._dr, self._page = int(num_heads), int(head_dim_kpe), int(page_size)
+        self._causal, self._scale = bool(causal), float(sm_scale)
+        self._kv_dtype = kv_data_type
+        self._planned = True
+
+    def _rows(self, T):
+        """Per query row: its request and, causal, its row within the request (device)."""
+        if self._req is not None:
+            return self._req, self._row_in_req, self._q_len
+        t = torch.arange(T, device=self._qo_dev.device)
+        qo = self._qo_dev
+        req = torch.searchsorted(qo[1:], t, right=True)
+        req = torch.clamp(req, max=qo.shape[0] - 2)
+        return req, t - qo[req], qo[req + 1] - qo[req]
+
+    def _cache(self, ckv_cache, kpe_cache, ckv_scale, kpe_scale, fn):
+        dr, page = self._dr, self._page
+        for name, c, w in (("ckv_cache", ckv_cache, _ops.DC), ("kpe_cache", kpe_cache, dr)):
+            if not isinstance(c, Tensor) or c.dim() != 3 or c.shape[1] != page or c.shape[2] != w:
+                _ops.fail(fn, name, "expected [num_pages, page_size=%d, %d], got %s"
+                          % (page, w, tuple(c.shape) if isinstance(c, Tensor) else type(c)))
+            if c.dtype != self._kv_dtype:
+                _ops.fail(fn, name, "dtype %s, planned kv_data_type %s" % (c.dtype,
+                                                                           self._kv_dtype))
+        row = ckv_cache.stride(1) if page > 1 else ckv_cache.stride(0)
+        es = ckv_cache.element_size()
+        if ckv_cache.stride(2) != 1 or (ckv_cache.shape[0] > 1 and
+                                        ckv_cache.stride(0) != page * row):
+            _ops.fail(fn, "ckv_cache", "rows must be evenly spaced (stride(0) = page_size * "
+                      "stride(1)), got strides %s" % (tuple(ckv_cache.stride()),))
+        if dr and (kpe_cache.data_ptr() != ckv_cache.data_ptr() + _ops.DC * es or
+                   kpe_cache.stride()[:2] != ckv_cache.stride()[:2]):
+            _ops.fail(fn, "kpe_cache", "must be the rope part of ckv_cache's rows (one buffer "
+                      "of [.., 512 + %d] rows, kpe right after ckv); separate buffers are not a "
+                      "layout smla reads" % dr)
+        rows = ckv_cache.shape[0] * page
+        flat = ckv_cache.as_strided((rows, _ops.DC + dr), (row, 1))
+        if self._kv_dtype == torch.bfloat16:
+            if ckv_scale is not None or kpe_scale is not None:
+                _ops.fail(fn, "ckv_scale", "scales are for an fp8 cache")
+            return flat, "bf16", None
+        if ckv_scale is None or (dr and kpe_scale is None):
+            _ops.fail(fn, "ckv_scale", "an fp8 cache needs ckv_scale (and kpe_scale)")
+        s = float(ckv_scale)
+        if dr and float(kpe_scale) != s:
+            _ops.fail(fn, "kpe_scale", "must equal ckv_scale (%g) for smla's FP8_TENSOR format, "
+                      "got %g" % (s, float(kpe_scale)))
+        return flat.view(torch.uint8), "fp8_tensor", s
+
+    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse=False,
+            profiler_buffer=None, kv_len=None, page_table=None, return_lse_base_on_e=False,
+            o_scale=None, *, ckv_scale=None, ckv_scale_arr=None, kpe_scale=None):
+        fn = "compat.BatchMLAPagedAttentionWrapper.run"
+        if not self._planned:
+            _ops.fail(fn, "plan", "run before plan", RuntimeError)
+        for name, v in (("profiler_buffer", profiler_buffer), ("kv_len", kv_len),
+                        ("page_table", page_table), ("o_scale", o_scale),
+                        ("ckv_scale_arr", ckv_scale_arr)):
+            if v is not None:
+                _ops.fail(fn, name, "is not supported by smla's wrapper (the fa2/fa3 form of "
+                          "run, one scale per cache)")
+        T, H = q_nope.shape[0], q_nope.shape[1]
+        if H != self._heads:
+            _ops.fail(fn, "q_nope", "has %d heads, planned num_heads %d" % (H, self._heads))
+        if self._num_rows is not None and T != self._num_rows:
+            _ops.fail(fn, "q_nope", "has %d rows, plan's qo_indptr[-1] = %d"
+                      % (T, self._num_rows))
+        cache, fmt, scale = self._cache(ckv_cache, kpe_cache, ckv_scale, kpe_scale, fn)
+        req, row_in_req, q_len = self._rows(T)
+        K, p = self._k, self._page
+        k = torch.arange(K, device=q_nope.device)
+        n_idx = self._kv_indices.numel()
+        pos = (self._kv_indptr[req][:, None] + (k // p)[None, :]).clamp(0, max(n_idx - 1, 0))
+        pages = self._kv_indices.reshape(-1)[pos].to(torch.int64) if n_idx else \
+            torch.full((T, K), -1, dtype=torch.int64, device=q_nope.device)
+        slots = torch.where(pages >= 0, pages * p + (k % p)[None, :], -1).to(torch.int32)
+        lengths = self._kv_len[req].to(torch.int64)
+        if self._causal:  # row i of a request of q_len rows sees kv_len - q_len + i + 1 tokens
+            lengths = lengths - q_len + row_in_req + 1
+        lengths = lengths.clamp(0, K).to(torch.int32)
+        res = _ops.forward(q_nope, q_pe if self._dr else None, cache, slots,
+                           sm_scale=self._scale, lengths=lengths, format=fmt, dr=self._dr,
+                           scale=scale, out=out, return_lse=True)
+        o, l_ = res
+        if not (return_lse or lse is not None):
+            return o
+        if not return_lse_base_on_e:
+            l_ = l_ * _LOG2E
+        if lse is not None:
+            lse.copy_(l_)
+            l_ = lse
+        return o, l_
