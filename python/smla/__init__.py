@@ -26,14 +26,9 @@ from ._ops import (KVCache, Plan, build_metadata, cache_write, convert_indices, 
 
 __version__ = "0.3.0"
 
-CACHE_BF16 = _lib.CACHE_BF16
-CACHE_FP8_TENSOR = _lib.CACHE_FP8_TENSOR
-CACHE_FP8_DS = _lib.CACHE_FP8_DS
-PLAN_BATCH_INVARIANT = _lib.PLAN_BATCH_INVARIANT
-PLAN_PORTABLE = _lib.PLAN_PORTABLE
-PLAN_SEPARATE_MERGE = _lib.PLAN_SEPARATE_MERGE
-DC = _lib.DC
-MAX_HEADS = _lib.MAX_HEADS
+# The header's constants, defined once in _lib (which mirrors include/smla.h).
+from ._lib import (CACHE_BF16, CACHE_FP8_DS, CACHE_FP8_TENSOR, DC, MAX_HEADS,  # noqa: E402
+                   PLAN_BATCH_INVARIANT, PLAN_PORTABLE, PLAN_SEPARATE_MERGE)
 # True when torch was importable (and SMLA_NO_TORCH is not 1): torch tensors and the
 # torch.ops.smla custom ops are then available.
 HAVE_TORCH = _torch is not None

@@ -52,9 +52,21 @@ def _compiling():
     return _is_compiling is not None and _is_compiling()
 
 
+# The traced (torch.compile) forms of the ops: smla._torch_ops registers itself here when
+# torch is present (register_traced), so that this module never imports it (one direction:
+# _torch_ops -> _ops).
+_traced_ops = None
+
+
+def register_traced(module):
+    global _traced_ops
+    _traced_ops = module
+
+
 def _traced():
-    from . import _torch_ops  # registered at import of smla when torch is present
-    return _torch_ops
+    if _traced_ops is None:  # pragma: no cover - smla/__init__ imports _torch_ops with torch
+        raise RuntimeError("smla: torch.compile tracing needs smla._torch_ops (import smla)")
+    return _traced_ops
 
 
 _lock = threading.Lock()

@@ -29,6 +29,7 @@ eagerly first, which makes the plans before capture.
 """
 
 import math
+import sys
 from typing import Optional, Tuple
 
 import torch
@@ -281,3 +282,6 @@ def metadata_traced(query_start_loc, seq_lens, num_tokens, topk, req_id, ctx_len
             made = given
         outs.append(made)
     return tuple(outs)
+
+
+_ops.register_traced(sys.modules[__name__])  # _ops calls the *_traced forms through this
