@@ -33,8 +33,12 @@ ifneq ($(NVCC),)
   LIB_SRC   += src/cuda/backend.c
   CPPFLAGS_ALL += -DSMLA_HAVE_CUDA -I$(CUDA_HOME)/include
   CUDA_LIBDIR := $(CUDA_HOME)/lib64
-  # -lstdc++: nvcc-compiled objects carry C++ runtime references (static-init guards).
-  CUDA_LDLIBS := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart -lstdc++
+  # The CUDA runtime is linked statically (libcudart_static.a; it finds the driver,
+  # libcuda.so, with dlopen on first use): a CUDA build loads and runs its CPU backend on a
+  # machine with no GPU, no driver and no CUDA libraries (smla_cuda_device_count() is 0
+  # there, and smla_cuda_device_name says why). -lstdc++: nvcc-compiled objects carry C++
+  # runtime references (static-init guards). The rpath serves the CLI's cuBLAS only.
+  CUDA_LDLIBS := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lstdc++
   # Generic kernels: sm_80 and newer (machine code for sm_80 and sm_90, PTX for the rest).
   # Hopper kernels (src/cuda/sm90/) add sm_90a.
   NVCC_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
