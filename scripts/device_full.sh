@@ -95,10 +95,22 @@ fi
 # The mutation check of the CUDA kernels (scripts/mutants.py --target gpu): every mutant
 # must fail the test driver.
 if has mutants; then
-  timeout 560 python3 scripts/mutants.py --target gpu --jobs 16 --from-build build --md "$L/mutants_gpu.md" \
-    >"$L/mutants_gpu.log" 2>&1 || fail=1
+  timeout ${MUTANTS_TIMEOUT:-560} python3 scripts/mutants.py --target gpu --jobs 16 --from-build build \
+    --md "$L/mutants_gpu.md" >"$L/mutants_gpu.log" 2>&1 || fail=1
   grep -E '^(killed|SURVIVED|ERROR) |^mutants' "$L/mutants_gpu.log"
   cp "$L/mutants_gpu.md" "$O/" 2>/dev/null
+fi
+# Short checks for a tight lease: the Python tests of the CUDA paths (no overhead benches),
+# and memcheck + racecheck over the fp8 forward cases.
+if has pyquick; then
+  SMLA_LIBRARY="$PWD/build/libsmla.so" PYTHONPATH="$PWD/python" timeout 200 ${PYTHON:-python3} -m pytest \
+    -q -x python/tests -k "cuda or graph" >"$L/pyquick.log" 2>&1 || fail=1
+  stamp "pyquick: $(tail -1 "$L/pyquick.log")"
+fi
+if has sanlite; then
+  SANITIZER_TOOLS="memcheck racecheck" SANITIZER_PARALLEL=1 SANITIZER_LOG_DIR="$L/sanlite" \
+    timeout 200 scripts/sanitize_gpu.sh build/test_smla --filter fp8,head_major >"$L/sanlite.log" 2>&1 || fail=1
+  stamp "sanitize (fp8, head_major cases): $(grep -E 'sanitize_gpu: ' "$L/sanlite.log" | tr '\n' ';')"
 fi
 # Decode context parallelism: one rank per GPU over NCCL, then 4 ranks simulated on GPU 0
 # with the merge benchmark (docs/dcp.md).
