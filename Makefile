@@ -208,6 +208,8 @@ install: lib $(CLI)
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
 	    -e 's|@LIBS_PRIVATE@|$(CUDA_LDLIBS) $(LDLIBS)|g' smla.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/smla.pc
+	@# the loader's cache, where this is the system (pkg-config's Libs also carry an rpath)
+	@if [ -z "$(DESTDIR)" ] && [ -w /etc/ld.so.cache ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
 clean:
 	rm -rf $(BUILD) build-asan
