@@ -20,6 +20,8 @@ per call. Variants, interleaved round by round:
   plan_out     plan.forward(..., out=, lse=) on preallocated outputs (no allocation)
   custom_op    torch.ops.smla.forward(...) through the torch dispatcher (what a compiled
                graph calls; shown for reference, not on the eager path)
+  compat_flashmla    smla.compat.flash_mla_with_kvcache on a paged view of the same cache
+  compat_flashinfer  smla.compat.BatchMLAPagedAttentionWrapper.run (page_size 1, planned once)
 
 overhead = variant - c. The issue's bar: eager - c < 10 µs at T=1.
 """
@@ -136,6 +138,30 @@ def main():
 
     variants = [("c", c_call), ("eager", eager), ("eager_lse", eager_lse),
                 ("eager_raw", eager_raw), ("plan_out", plan_out)]
+    if torch is not None:
+        # The engines' calls through smla.compat on the same data: FlashMLA's sparse decode
+        # (a paged [S/64, 64, 1, 576] view of the cache, indices [1, T, K]) and FlashInfer's
+        # wrapper (page_size 1, one request per row; planned once, as per step).
+        from smla import compat
+        paged = cache.view(S // 64, 64, 1, 576)
+        idx3 = slots.view(1, T, K)
+        sched = compat.get_mla_metadata()[0]
+
+        def compat_flashmla():
+            return compat.flash_mla_with_kvcache(q.view(1, T, N, 576), paged, None, None, 512,
+                                                 sched, softmax_scale=p.sm_scale,
+                                                 indices=idx3)
+        wrapper = compat.BatchMLAPagedAttentionWrapper(None)
+        wrapper.plan(torch.arange(T + 1, dtype=torch.int32),
+                     torch.arange(T + 1, dtype=torch.int32) * K, slots.view(-1),
+                     torch.full((T,), K, dtype=torch.int32), N, 512, 64, 1, False, p.sm_scale,
+                     torch.bfloat16, torch.bfloat16)
+        flat = cache.view(S, 1, 576)
+
+        def compat_flashinfer():
+            return wrapper.run(q[..., :512], q[..., 512:], flat[..., :512], flat[..., 512:])
+        variants += [("compat_flashmla", compat_flashmla),
+                     ("compat_flashinfer", compat_flashinfer)]
     if torch is not None and hasattr(torch.ops, "smla") and hasattr(torch.library, "custom_op"):
         def custom_op():
             return torch.ops.smla.forward(q, None, cache, slots, lengths, None, None, 0, 64,
@@ -169,7 +195,7 @@ def main():
           % (a.batches, a.calls))
     for name, _ in variants:
         extra = "" if name == "c" else "   overhead vs c: %+.2f" % (med[name] - med["c"])
-        print("  %-10s %7.2f%s" % (name, med[name], extra))
+        print("  %-17s %7.2f%s" % (name, med[name], extra))
     if torch is not None:
         try:
             parts = breakdown(q, slots, lengths, plan, clock)
