@@ -216,7 +216,7 @@ static void d_reference(const d_problem *d, double *out, double *lse) {
       d_forward_params(d, &d->all, d->q, d->all.cache, slots, len, NULL, NULL);
   double *ml = t_xmalloc((size_t)d->T * d->N * 8);
   uint64_t bad = 0;
-  ref_forward(&f, out, lse, ml, &bad);
+  ref_forward(&f, out, lse, ml, &bad, NULL);
   free(ml);
   free(slots);
   free(len);

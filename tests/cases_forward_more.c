@@ -57,6 +57,7 @@ static void c_num_splits(t_case *tc) {
         if (b != T_CPU && cpu_ok[i]) {
           fwd_ref cr;
           fwd_as_ref(&pb, &cpu[i], &cr);
+          cr.pabs = ref.pabs;
           snprintf(what, sizeof what, "cpu backend (num_splits %d)", splits[i]);
           fwd_check(tc, &pb, &res[i], &cr, what);
           fwd_ref_free(&cr);
@@ -65,6 +66,7 @@ static void c_num_splits(t_case *tc) {
       if (ok[0]) {
         fwd_ref r1;
         fwd_as_ref(&pb, &res[0], &r1);
+        r1.pabs = ref.pabs;
         for (int i = 1; i < 3; i++) {
           if (!ok[i]) continue;
           snprintf(what, sizeof what, "num_splits 1 (this is num_splits %d)", splits[i]);

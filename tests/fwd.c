@@ -309,12 +309,15 @@ void fwd_reference(const fwd_problem *pb, fwd_ref *r) {
   r->ml = t_xmalloc(TN * sizeof(double));
   r->bad = 0;
   r->source = FWD_EXACT;
+  r->pabs = t_xmalloc(TN * SMLA_DC * sizeof(double));
   const smla_forward_params p = params_for(pb, pb->qn_buf, pb->qp_buf, pb->cache, pb->slots,
                                            pb->lengths, pb->sink, NULL, NULL, NULL, NULL);
-  ref_forward(&p, r->out, r->lse, r->ml, &r->bad);
+  ref_forward(&p, r->out, r->lse, r->ml, &r->bad, r->pabs);
 }
 
 void fwd_ref_free(fwd_ref *r) {
+  if (r->source == FWD_EXACT) free(r->pabs);
+  r->pabs = NULL;
   free(r->out);
   free(r->lse);
   free(r->ml);
@@ -501,6 +504,7 @@ void fwd_as_ref(const fwd_problem *pb, const fwd_result *res, fwd_ref *r) {
   r->ml = t_xmalloc((size_t)(TN ? TN : 1) * sizeof(double));
   r->bad = res->bad;
   r->source = res->device;
+  r->pabs = NULL; /* the caller lends the exact reference's */
   uint16_t *o = t_xmalloc((size_t)TN * SMLA_DC * 2);
   t_gather(o, res->out, 2, T, N, SMLA_DC, pb->out_st, pb->out_sh);
   t_bf16_to_double(o, r->out, TN * SMLA_DC);
@@ -524,7 +528,11 @@ void fwd_check(t_case *tc, const fwd_problem *pb, const fwd_result *res, const f
   uint16_t *o = t_xmalloc((size_t)TN * SMLA_DC * 2);
   t_gather(o, res->out, 2, T, N, SMLA_DC, pb->out_st, pb->out_sh);
   snprintf(what, sizeof what, "out vs %s", against);
-  t_check_bf16(tc, what, o, r->out, t_shape3(T, N, SMLA_DC), TOL_OUT);
+  /* A CUDA side rounds P to bf16: out moves by up to 2^-8 sum_j p_j |v_j| (per side), far
+   * past TOL_OUT where cache values reach 2^8 (the foreign FP8_DS cases). */
+  const int p_rounds = (res->device >= 0) + (r->source >= 0);
+  t_check_bf16_extra(tc, what, o, r->out, t_shape3(T, N, SMLA_DC), TOL_OUT,
+                     p_rounds ? r->pabs : NULL, p_rounds * U_BF16);
   t_check_bf16_unbiased(tc, what, o, r->out, TN, SMLA_DC, out_model(res->device, r->source));
   free(o);
   t_check_gaps(tc, "out", res->out, 2, T, N, SMLA_DC, pb->out_st, pb->out_sh);
@@ -579,6 +587,7 @@ void fwd_run(t_case *tc, fwd_problem *pb) {
     if (b != T_CPU && have_cpu) {
       fwd_ref cr;
       fwd_as_ref(pb, &cpu, &cr);
+      cr.pabs = ref.pabs;
       fwd_check(tc, pb, &res, &cr, "cpu backend");
       fwd_ref_free(&cr);
     }
@@ -610,6 +619,7 @@ void fwd_run(t_case *tc, fwd_problem *pb) {
         if (have_cpu) {
           fwd_ref cr;
           fwd_as_ref(pb, &cpu, &cr);
+          cr.pabs = ref.pabs;
           fwd_check(tc, &pp, &port, &cr, "cpu backend (portable kernel)");
           fwd_ref_free(&cr);
         }

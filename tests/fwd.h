@@ -80,6 +80,10 @@ typedef struct {
   double *lse, *ml;  /* [T][N] */
   uint64_t bad;
   int source; /* FWD_EXACT (fwd_reference), else the device whose result it is (fwd_as_ref) */
+  /* [T][N][512] sum_j p_j |v_j| of the exact reference (ref_forward's pabs): owned by an
+   * exact reference; a backend's result borrows its exact reference's (set it after
+   * fwd_as_ref) so that comparisons involving a CUDA side can bound P's rounding. */
+  double *pabs;
 } fwd_ref;
 #define FWD_EXACT (-2)
 void fwd_reference(const fwd_problem *pb, fwd_ref *r);

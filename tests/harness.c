@@ -279,8 +279,9 @@ static double load_f32(const void *got, int64_t i, int *poison) {
   return (double)((const float *)got)[i];
 }
 
-static int check_generic(t_case *tc, const char *what, const void *got, load_fn load,
-                         const double *ref, t_shape shape, t_tol tol) {
+static int check_generic_extra(t_case *tc, const char *what, const void *got, load_fn load,
+                               const double *ref, t_shape shape, t_tol tol0,
+                               const double *extra, double k) {
   const int64_t n = t_shape_count(shape);
   int64_t bad = 0;
   double worst = 0.0;
@@ -288,6 +289,8 @@ static int check_generic(t_case *tc, const char *what, const void *got, load_fn 
     int poison;
     const double g = load(got, i, &poison);
     const char *why = "";
+    t_tol tol = tol0;
+    if (extra && isfinite(extra[i])) tol.atol += k * extra[i];
     if (check_one(g, poison, ref[i], tol, &why)) continue;
     if (bad < MAX_SHOWN && tc->printed < MAX_PRINTED) {
       char ix[64];
@@ -300,13 +303,24 @@ static int check_generic(t_case *tc, const char *what, const void *got, load_fn 
     bad++;
   }
   return t_expect(tc, bad == 0,
-                  "%s: %lld of %lld elements wrong (tol %.3g + %.3g*|ref|, worst finite |diff| "
-                  "%.3g)", what, (long long)bad, (long long)n, tol.atol, tol.rtol, worst);
+                  "%s: %lld of %lld elements wrong (tol %.3g + %.3g*|ref|%s, worst finite "
+                  "|diff| %.3g)", what, (long long)bad, (long long)n, tol0.atol, tol0.rtol,
+                  extra ? " + 2^-8 sum_j p_j |v_j|" : "", worst);
+}
+
+static int check_generic(t_case *tc, const char *what, const void *got, load_fn load,
+                         const double *ref, t_shape shape, t_tol tol) {
+  return check_generic_extra(tc, what, got, load, ref, shape, tol, NULL, 0.0);
 }
 
 int t_check_bf16(t_case *tc, const char *what, const uint16_t *got, const double *ref,
                  t_shape shape, t_tol tol) {
   return check_generic(tc, what, got, load_bf16, ref, shape, tol);
+}
+
+int t_check_bf16_extra(t_case *tc, const char *what, const uint16_t *got, const double *ref,
+                       t_shape shape, t_tol tol, const double *extra, double k) {
+  return check_generic_extra(tc, what, got, load_bf16, ref, shape, tol, extra, k);
 }
 
 int t_check_f32(t_case *tc, const char *what, const float *got, const double *ref,

@@ -129,6 +129,9 @@ int t_check_bf16(t_case *tc, const char *what, const uint16_t *got, const double
                  t_shape shape, t_tol tol);
 int t_check_f32(t_case *tc, const char *what, const float *got, const double *ref,
                 t_shape shape, t_tol tol);
+/* t_check_bf16 with element i's atol raised by k * extra[i] (extra may be NULL). */
+int t_check_bf16_extra(t_case *tc, const char *what, const uint16_t *got, const double *ref,
+                       t_shape shape, t_tol tol, const double *extra, double k);
 /* Statistical checks of a bf16 result whose only errors should be roundings to nearest
  * (unbiased), over the elements where both got and ref are finite and ref != 0 (NaN, inf
  * and poison positions are t_check_bf16's business). `rows` rows of `row_len` elements.

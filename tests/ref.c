@@ -233,13 +233,13 @@ void ref_cache_write(const smla_cache_write_params *p, uint64_t *bad) {
 /* ---- 3. forward ---------------------------------------------------------------------- */
 
 void ref_forward(const smla_forward_params *p, double *out, double *lse, double *max_logit,
-                 uint64_t *bad) {
+                 uint64_t *bad, double *pabs) {
   const int64_t T = p->num_tokens;
   const int N = p->num_heads, K = p->topk, dr = p->cache.dr, dqk = REF_DC + dr;
   const int64_t S = p->cache.num_slots;
   double *kv = malloc(sizeof(double) * (size_t)K * (size_t)dqk); /* used rows, decoded */
   double *logit = malloc(sizeof(double) * (size_t)K);
-  double q[REF_DC + 64], acc[REF_DC];
+  double q[REF_DC + 64], acc[REF_DC], aabs[REF_DC];
   for (int64_t t = 0; t < T; t++) {
     int64_t len = K;
     if (p->lengths) {
@@ -264,6 +264,8 @@ void ref_forward(const smla_forward_params *p, double *out, double *lse, double 
       const size_t th = (size_t)t * N + h;
       if (nused == 0) {
         for (int d = 0; d < REF_DC; d++) o[d] = 0.0;
+        if (pabs)
+          for (int d = 0; d < REF_DC; d++) pabs[th * REF_DC + d] = 0.0;
         lse[th] = -INFINITY;
         max_logit[th] = -INFINITY;
         continue;
@@ -290,15 +292,19 @@ void ref_forward(const smla_forward_params *p, double *out, double *lse, double 
       }
       if (any_nan) m = NAN;
       double z = 0.0;
-      for (int d = 0; d < REF_DC; d++) acc[d] = 0.0;
+      for (int d = 0; d < REF_DC; d++) acc[d] = aabs[d] = 0.0;
       for (int u = 0; u < nused; u++) {
         const double w = exp(logit[u] - m);
         const double *k = kv + (size_t)u * dqk;
         z += w;
         for (int d = 0; d < REF_DC; d++) acc[d] += w * k[d];
+        if (pabs)
+          for (int d = 0; d < REF_DC; d++) aabs[d] += w * fabs(k[d]);
       }
       const double denom = z + (p->sink ? exp((double)p->sink[h] - m) : 0.0);
       for (int d = 0; d < REF_DC; d++) o[d] = acc[d] / denom;
+      if (pabs)
+        for (int d = 0; d < REF_DC; d++) pabs[th * REF_DC + d] = aabs[d] / denom;
       lse[th] = m + log(z);
       max_logit[th] = m;
     }

@@ -59,9 +59,11 @@ void ref_cache_write(const smla_cache_write_params *p, uint64_t *bad);
 
 /* 3. Forward. out is dense [T][N][Dc], lse and max_logit dense [T][N] (all required);
  * p's out pointers are not used. *bad += entries inside lengths that are >= S or < -1.
- * NaN in a used logit makes that (t, h)'s out, lse and max_logit NaN. */
+ * NaN in a used logit makes that (t, h)'s out, lse and max_logit NaN. pabs (may be NULL):
+ * dense [T][N][Dc] sum_j p_j |v_j| (p normalized like out): how far out can move when
+ * each p_j is rounded by a relative 1 (the GPU kernels round P to bf16: 2^-8 of it). */
 void ref_forward(const smla_forward_params *p, double *out, double *lse, double *max_logit,
-                 uint64_t *bad);
+                 uint64_t *bad, double *pabs);
 
 /* 4. Merge partial states. out is dense [T][N][dv], lse dense [T][N]. Partials with
  * lse = -inf are not read at all. With p->sink the partials are sinked forwards' outputs
