@@ -252,7 +252,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table=None, cache_seqlens=None, hea
         out, lse = _ops.merge_states(torch.stack([out, out2]), torch.stack([lse, lse2]),
                                      out_dtype=torch.bfloat16, return_lse=True,
                                      sink=attn_sink)
-    lse = lse.masked_fill(lse == -math.inf, math.inf)
+    lse = lse.nan_to_num_(nan=math.nan, posinf=math.inf, neginf=math.inf)  # empty: +inf
     return out.view(b, s_q, h_q, _ops.DC), lse.view(b, s_q, h_q).transpose(1, 2)
 
 
@@ -333,7 +333,33 @@ class BatchMLAPagedAttentionWrapper:
         self._heads, self._dr, self._page = int(num_heads), int(head_dim_kpe), int(page_size)
         self._causal, self._scale = bool(causal), float(sm_scale)
         self._kv_dtype = kv_data_type
+        self._built = {}
+        if num_rows is not None:
+            self._index(num_rows)
         self._planned = True
+
+    def _index(self, T):
+        """Per plan and row count (made once, device ops only; plan-time work, shared by
+        every layer's run): where each row's entries sit in kv_indices (pos [T, K], clamped
+        into it), the in-page offsets (None for page_size 1) and the lengths [T]."""
+        got = self._built.get(T)
+        if got is not None:
+            return got
+        req, row_in_req, q_len = self._rows(T)
+        K, p = self._k, self._page
+        dev = self._kv_indices.device
+        k = torch.arange(K, device=dev)
+        n_idx = self._kv_indices.numel()
+        pos = (self._kv_indptr[req][:, None] + (k // p)[None, :]).clamp(0, max(n_idx - 1, 0))
+        if n_idx == 0:  # nothing to read: every length below is 0
+            self._kv_indices = torch.zeros(1, dtype=torch.int32, device=dev)
+        off = None if p == 1 else (k % p).to(torch.int32)[None, :]
+        lengths = self._kv_len[req].to(torch.int64)
+        if self._causal:  # row i of a request of q_len rows sees kv_len - q_len + i + 1 tokens
+            lengths = lengths - q_len + row_in_req + 1
+        lengths = lengths.clamp(0, K if n_idx else 0).to(torch.int32)
+        self._built[T] = (pos, off, lengths)
+        return self._built[T]
 
     def _rows(self, T):
         """Per query row: its request and, causal, its row within the request (device)."""
@@ -398,24 +424,18 @@ class BatchMLAPagedAttentionWrapper:
             _ops.fail(fn, "q_nope", "has %d rows, plan's qo_indptr[-1] = %d"
                       % (T, self._num_rows))
         cache, fmt, scale = self._cache(ckv_cache, kpe_cache, ckv_scale, kpe_scale, fn)
-        req, row_in_req, q_len = self._rows(T)
-        K, p = self._k, self._page
-        k = torch.arange(K, device=q_nope.device)
-        n_idx = self._kv_indices.numel()
-        pos = (self._kv_indptr[req][:, None] + (k // p)[None, :]).clamp(0, max(n_idx - 1, 0))
-        pages = self._kv_indices.reshape(-1)[pos].to(torch.int64) if n_idx else \
-            torch.full((T, K), -1, dtype=torch.int64, device=q_nope.device)
-        slots = torch.where(pages >= 0, pages * p + (k % p)[None, :], -1).to(torch.int32)
-        lengths = self._kv_len[req].to(torch.int64)
-        if self._causal:  # row i of a request of q_len rows sees kv_len - q_len + i + 1 tokens
-            lengths = lengths - q_len + row_in_req + 1
-        lengths = lengths.clamp(0, K).to(torch.int32)
+        pos, off, lengths = self._index(T)
+        pages = self._kv_indices.reshape(-1)[pos]  # the one gather per run: kv_indices as now
+        if pages.dtype != torch.int32:
+            pages = pages.to(torch.int32)
+        slots = pages if off is None else pages * self._page + off
+        want_lse = return_lse or lse is not None
         res = _ops.forward(q_nope, q_pe if self._dr else None, cache, slots,
                            sm_scale=self._scale, lengths=lengths, format=fmt, dr=self._dr,
-                           scale=scale, out=out, return_lse=True)
+                           scale=scale, out=out, return_lse=want_lse)
+        if not want_lse:
+            return res
         o, l_ = res
-        if not (return_lse or lse is not None):
-            return o
         if not return_lse_base_on_e:
             l_ = l_ * _LOG2E
         if lse is not None:
