@@ -9,6 +9,10 @@ need_apt=()
 command -v make >/dev/null 2>&1 || need_apt+=(make)
 command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
+# venv with pip (scripts/check_install.sh): Debian's python3 keeps it in python3-venv.
+if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  need_apt+=(python3-venv)
+fi
 # clang + its runtime: the libFuzzer target and the sanitizer build (make fuzz, make sanitize).
 if [ "${SMLA_SETUP_FUZZ:-1}" = 1 ]; then
   command -v clang >/dev/null 2>&1 || need_apt+=(clang)
