@@ -113,8 +113,9 @@ $(STATIC): $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(SHARED): $(OBJ)
-	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(CUDA_LDLIBS) $(LDLIBS)
+# Relinked when the Makefile changes (e.g. how the CUDA runtime is linked).
+$(SHARED): $(OBJ) Makefile
+	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $(OBJ) $(CUDA_LDLIBS) $(LDLIBS)
 
 $(BUILD)/libsmla.so: $(SHARED)
 	ln -sf libsmla.so.$(VERSION) $(BUILD)/$(SONAME)

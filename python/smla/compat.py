@@ -5,7 +5,7 @@
 
 import math
 
-from . import _ops
+from . import _lib, _ops
 from ._arrays import Tensor, torch
 
 _LOG2E = 1.0 / math.log(2.0)
@@ -147,14 +147,14 @@ def _slots_of(indices, page, per_block, T):
 
 def _cache_format(k_cache, is_fp8_kvcache, d_qk, fn):
     row_bytes = k_cache.shape[-1] * k_cache.element_size()
-    want = {(True, 576): 656, (True, 512): 528, (False, 576): 1152, (False, 512): 1024}
     fmt = "fp8_ds" if is_fp8_kvcache else "bf16"
-    if row_bytes != want[(bool(is_fp8_kvcache), d_qk)]:
+    want = int(_lib.lib.smla_cache_row_size(_ops.format_code(fmt, fn), d_qk - _ops.DC))
+    if row_bytes != want:
         why = (" (FlashMLA's 584-byte fp8 layout of d_qk 512 models is not one smla reads)"
                if row_bytes == 584 else "")
         _ops.fail(fn, "k_cache", "rows of %d bytes, but is_fp8_kvcache=%s with d_qk %d means "
                   "%s rows of %d bytes%s" % (row_bytes, bool(is_fp8_kvcache), d_qk, fmt,
-                                             want[(bool(is_fp8_kvcache), d_qk)], why))
+                                             want, why))
     return fmt
 
 
@@ -228,29 +228,33 @@ def flash_mla_with_kvcache(q, k_cache, block_table=None, cache_seqlens=None, hea
     T = b * s_q
     qf = q.reshape(T, h_q, d_qk)
 
-    def part(cache, idx, lengths, cname):
+    def part(cache, idx, lengths, cname, out=None, lse=None):
         flat, page, per_block = _paged_cache(cache, fn, cname)
         fmt = _cache_format(cache, is_fp8_kvcache, d_qk, fn)
         slots = _slots_of(idx, page, per_block, T)
         ln = None if lengths is None else lengths.repeat_interleave(s_q)
         return _ops.forward(qf, None, flat, slots, sm_scale=scale, lengths=ln,
                             sink=attn_sink, format=fmt, dr=d_qk - _ops.DC,
-                            return_lse=True)
+                            return_lse=True, out=out, lse=lse)
 
     if (extra_k_cache is None) != (extra_indices_in_kvcache is None):
         _ops.fail(fn, "extra_k_cache", "and extra_indices_in_kvcache come together")
     if extra_k_cache is None and extra_topk_length is not None:
         _ops.fail(fn, "extra_topk_length", "given without extra_k_cache")
-    out, lse = part(k_cache, indices, topk_length, "k_cache")
-    if extra_k_cache is not None:
+    if extra_k_cache is None:
+        out, lse = part(k_cache, indices, topk_length, "k_cache")
+    else:
         if extra_indices_in_kvcache.dim() != 3 or \
                 tuple(extra_indices_in_kvcache.shape[:2]) != (b, s_q):
             _ops.fail(fn, "extra_indices_in_kvcache", "expected [b=%d, s_q=%d, extra_topk], "
                       "got shape %s" % (b, s_q, tuple(extra_indices_in_kvcache.shape)))
-        out2, lse2 = part(extra_k_cache, extra_indices_in_kvcache, extra_topk_length,
-                          "extra_k_cache")
-        out, lse = _ops.merge_states(torch.stack([out, out2]), torch.stack([lse, lse2]),
-                                     out_dtype=torch.bfloat16, return_lse=True,
+        # each part's forward writes its slice of the merge's input
+        out_p = torch.empty((2, T, h_q, _ops.DC), dtype=torch.bfloat16, device=q.device)
+        lse_p = torch.empty((2, T, h_q), dtype=torch.float32, device=q.device)
+        part(k_cache, indices, topk_length, "k_cache", out_p[0], lse_p[0])
+        part(extra_k_cache, extra_indices_in_kvcache, extra_topk_length, "extra_k_cache",
+             out_p[1], lse_p[1])
+        out, lse = _ops.merge_states(out_p, lse_p, out_dtype=torch.bfloat16, return_lse=True,
                                      sink=attn_sink)
     lse = lse.nan_to_num_(nan=math.nan, posinf=math.inf, neginf=math.inf)  # empty: +inf
     return out.view(b, s_q, h_q, _ops.DC), lse.view(b, s_q, h_q).transpose(1, 2)
@@ -267,7 +271,8 @@ class BatchMLAPagedAttentionWrapper:
     plan copies qo_indptr, kv_indptr and kv_len_arr to the host (a device sync when they
     live on the GPU); here, given CPU tensors (as vLLM passes them) they are read where they
     are, and given device tensors plan reads nothing and needs `max_kv_len=` (an upper
-    bound on kv_len_arr, smla's keyword) instead. run builds the per-row slot lists on the
+    bound on kv_len_arr, smla's keyword) instead; a device kv_len above it is cut to it, as
+    it cannot be checked without the sync this avoids. run builds the per-row slot lists on the
     device from kv_indices as it is at run time, so it may be captured in a CUDA graph after
     a first eager run, with kv_indices rewritten between replays.
 
@@ -283,9 +288,10 @@ class BatchMLAPagedAttentionWrapper:
 
     def __init__(self, float_workspace_buffer=None, use_cuda_graph=False, qo_indptr=None,
                  kv_indptr=None, kv_indices=None, kv_len_arr=None, backend="auto"):
+        """FlashInfer's constructor arguments are accepted and not needed: smla allocates no
+        workspace here, and run reads the kv_indices given to plan (any device buffer
+        an engine keeps for CUDA graphs works as it is)."""
         self._planned = False
-        self._use_cuda_graph = use_cuda_graph
-        self._kv_indices_buf = kv_indices
 
     def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv,
              head_dim_kpe, page_size, causal, sm_scale, q_data_type, kv_data_type,
@@ -311,8 +317,9 @@ class BatchMLAPagedAttentionWrapper:
             num_rows = int(qo[R])
             req = torch.repeat_interleave(torch.arange(R), q_len)
             k_max = int(kvl.max()) if R else 0
-            if max_kv_len is not None:
-                k_max = min(k_max, int(max_kv_len))
+            if max_kv_len is not None and k_max > int(max_kv_len):
+                _ops.fail(fn, "max_kv_len", "= %d, but kv_len_arr holds %d"
+                          % (int(max_kv_len), k_max))
             self._req = req.to(dev, non_blocking=True)
             self._row_in_req = (torch.arange(num_rows) - qo[req]).to(dev, non_blocking=True)
             self._q_len = q_len[req].to(dev, non_blocking=True)  # per row
@@ -351,8 +358,9 @@ class BatchMLAPagedAttentionWrapper:
         k = torch.arange(K, device=dev)
         n_idx = self._kv_indices.numel()
         pos = (self._kv_indptr[req][:, None] + (k // p)[None, :]).clamp(0, max(n_idx - 1, 0))
-        if n_idx == 0:  # nothing to read: every length below is 0
-            self._kv_indices = torch.zeros(1, dtype=torch.int32, device=dev)
+        # nothing to read: run gathers from a dummy entry; every length below is 0
+        self._empty_src = (None if n_idx else
+                           torch.full((1,), -1, dtype=torch.int32, device=dev))
         off = None if p == 1 else (k % p).to(torch.int32)[None, :]
         lengths = self._kv_len[req].to(torch.int64)
         if self._causal:  # row i of a request of q_len rows sees kv_len - q_len + i + 1 tokens
@@ -425,7 +433,8 @@ class BatchMLAPagedAttentionWrapper:
                       % (T, self._num_rows))
         cache, fmt, scale = self._cache(ckv_cache, kpe_cache, ckv_scale, kpe_scale, fn)
         pos, off, lengths = self._index(T)
-        pages = self._kv_indices.reshape(-1)[pos]  # the one gather per run: kv_indices as now
+        src = self._kv_indices.reshape(-1) if self._empty_src is None else self._empty_src
+        pages = src[pos]  # the one gather per run: kv_indices as they are now
         if pages.dtype != torch.int32:
             pages = pages.to(torch.int32)
         slots = pages if off is None else pages * self._page + off

@@ -298,14 +298,6 @@ def out_model(device="cpu"):
     return OUT_MODEL_CUDA if str(device).startswith("cuda") else OUT_MODEL_CPU
 
 
-def round_bf16_nearest(x):
-    """float64 -> nearest bf16 value (8 significant bits, ties to even), computed here and
-    not through smla, so that a mutant of smla's rounding can not move the yardstick."""
-    x = np.asarray(x, np.float64)
-    _, e = np.frexp(x)
-    return np.ldexp(np.rint(np.ldexp(x, 8 - e)), e - 8)
-
-
 def unbiased_stats(got, ref, row_len=DC, model=OUT_MODEL_CPU, rounded_ref=None):
     """-> (b, lo, hi, frob, n) of check_unbiased, or None when nothing is measurable.
     rounded_ref: what an exact computation of the algorithm gives with its roundings (its
@@ -321,7 +313,7 @@ def unbiased_stats(got, ref, row_len=DC, model=OUT_MODEL_CPU, rounded_ref=None):
     sum_abs = a.sum()
     b = (d * np.sign(r)).sum() / sum_abs
     if rounded_ref is None:
-        rr = round_bf16_nearest(np.where(ok, r, 1.0))
+        rr = bf16_round(np.where(ok, r, 1.0)).astype(np.float64)  # refs' own, not smla's
     else:
         rr = np.asarray(rounded_ref, np.float64).reshape(-1, row_len)
     rn = np.where(ok, rr - r, 0.0)

@@ -20,7 +20,7 @@ if not smla.HAVE_TORCH:
 from smla.compat import FlashMLASchedMeta, flash_mla_with_kvcache, get_mla_metadata  # noqa: E402
 from conftest import DEVICES, cuda_available  # noqa: E402
 from refs import (DC, ROW_SIZE, TOL_LSE, U_BF16, RoundModel, assert_close,  # noqa: E402
-                  check_unbiased, make_cache, out_model, ref_forward, round_bf16_nearest)
+                  check_unbiased, make_cache, out_model, ref_forward, bf16_round)
 
 
 def paged_cache(fmt, dr, nb, page, rng, pad_rows=0):
@@ -67,8 +67,8 @@ def reference(q, vals, indices, scale, topk_length=None, sink=None, extra=None):
         with np.errstate(invalid="ignore"):
             w1 = np.where(np.isneginf(l1), 0.0, np.exp(lae(l1) - lae(lm)))
             w2 = np.where(np.isneginf(l2), 0.0, np.exp(lae(l2) - lae(lm)))
-        alg = round_bf16_nearest(w1[..., None] * round_bf16_nearest(o1) +
-                                 w2[..., None] * round_bf16_nearest(o2))
+        alg = bf16_round(w1[..., None] * bf16_round(o1) +
+                                 w2[..., None] * bf16_round(o2))
         alg = alg.reshape(b, s_q, h, DC)
         eidx = np.where((eidx >= 0) & (eidx < evals.shape[0]), eidx + rows.shape[0], -1)
         rows = np.concatenate([rows, evals])

@@ -125,6 +125,8 @@ def test_plan_never_reads_device_tensors(device):
         check(c, out, lse, device, False, "device plan")
     out, lse = run(c, max_kv_len=64)
     check(c, out, lse, device, False, "host plan with max_kv_len")
+    with pytest.raises(ValueError, match="max_kv_len: = 16, but kv_len_arr holds 30"):
+        run(c, max_kv_len=16)   # host data below the bound: an error, not a silent cut
 
 
 def test_refused_layouts():
