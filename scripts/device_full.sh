@@ -2,7 +2,7 @@
 # Everything a change needs on the GPU machine in one call, logs in one tarball:
 #   SMLA_GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/device_full.sh [extra bench args]
 #   STEPS="test bench" ... runs only those of: test checks overhead bench baseline fp8 mutants
-#   dcp ab absan sweep profile (the build always runs; default: all but fp8, mutants (the
+#   pyquick sanlite install dcp ab absan sweep profile (the build always runs; default: all but fp8, mutants (the
 #   GPU mutation check, ~6 min alone), absan, the A/B build under the sanitizer, and
 #   sweep, the split counts of T = 16, 32 at N = 128)
 # 1. make all; build/test_smla (CPU + GPU cases);
@@ -95,7 +95,9 @@ fi
 # The mutation check of the CUDA kernels (scripts/mutants.py --target gpu): every mutant
 # must fail the test driver.
 if has mutants; then
-  timeout ${MUTANTS_TIMEOUT:-560} python3 scripts/mutants.py --target gpu --jobs 16 --from-build build \
+  # Default: what is left of a 570 s call (at least 120 s).
+  left=$(( 570 - ($(date +%s) - t0) )); [ $left -lt 120 ] && left=120
+  timeout ${MUTANTS_TIMEOUT:-$left} python3 scripts/mutants.py --target gpu --jobs 16 --from-build build \
     --md "$L/mutants_gpu.md" >"$L/mutants_gpu.log" 2>&1 || fail=1
   grep -E '^(killed|SURVIVED|ERROR) |^mutants' "$L/mutants_gpu.log"
   cp "$L/mutants_gpu.md" "$O/" 2>/dev/null
@@ -111,6 +113,14 @@ if has sanlite; then
   SANITIZER_TOOLS="memcheck racecheck" SANITIZER_PARALLEL=1 SANITIZER_LOG_DIR="$L/sanlite" \
     timeout 200 scripts/sanitize_gpu.sh build/test_smla --filter fp8,head_major >"$L/sanlite.log" 2>&1 || fail=1
   stamp "sanitize (fp8, head_major cases): $(grep -E 'sanitize_gpu: ' "$L/sanlite.log" | tr '\n' ';')"
+fi
+# The package as a user installs it, offline (no network on the GPU machine): a venv over
+# the system's packages, `pip install ./python` (which builds libsmla again, with CUDA),
+# then a forward on the CPU and on the GPU from outside the repository.
+if has install; then
+  SMLA_INSTALL_OFFLINE=1 SMLA_MAKE_JOBS=16 timeout 300 bash scripts/check_install.sh \
+    >"$L/install.log" 2>&1 || fail=1
+  stamp "install: $(grep -E '^check_install' "$L/install.log" || tail -3 "$L/install.log")"
 fi
 # Decode context parallelism: one rank per GPU over NCCL, then 4 ranks simulated on GPU 0
 # with the merge benchmark (docs/dcp.md).
