@@ -66,6 +66,8 @@ SONAME := libsmla.so.$(VERSION_MAJOR)
 CLI   := $(BUILD)/smla
 TESTS := $(BUILD)/test_smla
 EXAMPLE := $(BUILD)/decode_step
+# The gather-only microbenchmark (bench/gather.cu): Hopper copy paths, CUDA builds only.
+GATHER := $(if $(NVCC),$(BUILD)/gather_bench)
 
 # NCCL, for the decode-context-parallel example (examples/dcp_nccl.c) only: NCCL_HOME with
 # include/nccl.h and lib/ (or lib64/) libnccl.so*, else looked for beside CUDA and in
@@ -90,7 +92,7 @@ endif
 
 .PHONY: all lib test test-c test-python bench plot install clean sanitize fuzz mutants mutants-gpu
 .DEFAULT_GOAL := all
-all: lib $(CLI) $(TESTS) $(EXAMPLE) $(DCP)
+all: lib $(CLI) $(TESTS) $(EXAMPLE) $(DCP) $(GATHER)
 lib: $(STATIC) $(SHARED) $(BUILD)/libsmla.so
 
 $(BUILD)/obj/%.o: %.c
@@ -142,6 +144,10 @@ $(TESTS): $(TEST_SRC) $(wildcard tests/*.h) $(STATIC)
 
 $(EXAMPLE): examples/decode_step.c $(STATIC)
 	$(CC) $(WARN) $(CFLAGS) -Iinclude examples/decode_step.c -o $@ $(PROG_LDLIBS)
+
+$(GATHER): bench/gather.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -gencode arch=compute_90a,code=sm_90a $< -o $@
 
 $(DCP): examples/dcp_nccl.c $(STATIC)
 	$(CC) $(WARN) $(CFLAGS) -Iinclude -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include examples/dcp_nccl.c -o $@ \

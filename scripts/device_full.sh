@@ -2,7 +2,7 @@
 # Everything a change needs on the GPU machine in one call, logs in one tarball:
 #   SMLA_GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/device_full.sh [extra bench args]
 #   STEPS="test bench" ... runs only those of: test checks overhead bench baseline fp8 mutants
-#   pyquick sanlite install dcp ab absan sweep profile (the build always runs; default: all but fp8, mutants (the
+#   pyquick sanlite install gather paths dcp ab absan sweep profile (the build always runs; default: all but fp8, mutants (the
 #   GPU mutation check, ~6 min alone), absan, the A/B build under the sanitizer, and
 #   sweep, the split counts of T = 16, 32 at N = 128)
 # 1. make all; build/test_smla (CPU + GPU cases);
@@ -98,6 +98,7 @@ if has mutants; then
   # Default: what is left of a 570 s call (at least 120 s).
   left=$(( 570 - ($(date +%s) - t0) )); [ $left -lt 120 ] && left=120
   timeout ${MUTANTS_TIMEOUT:-$left} python3 scripts/mutants.py --target gpu --jobs 16 --from-build build \
+    ${MUTANTS_ONLY:+--only "$MUTANTS_ONLY"} \
     --md "$L/mutants_gpu.md" >"$L/mutants_gpu.log" 2>&1 || fail=1
   grep -E '^(killed|SURVIVED|ERROR) |^mutants' "$L/mutants_gpu.log"
   cp "$L/mutants_gpu.md" "$O/" 2>/dev/null
@@ -121,6 +122,17 @@ if has install; then
   SMLA_INSTALL_OFFLINE=1 SMLA_MAKE_JOBS=16 timeout 300 bash scripts/check_install.sh \
     >"$L/install.log" 2>&1 || fail=1
   stamp "install: $(grep -E '^check_install' "$L/install.log" || tail -3 "$L/install.log")"
+fi
+# The gather-only microbenchmark (bench/gather.cu): cp.async, per-row bulk copies and 2-block
+# multicast into shared memory, on 1 / 16 / 66 / all SMs.
+if has gather && [ -x build/gather_bench ]; then
+  timeout 60 build/gather_bench >"$L/gather.txt" 2>&1 || fail=1
+  cat "$L/gather.txt"
+fi
+# Every path of the decode shapes against the plan's choice (smla bench --paths).
+if has paths; then
+  timeout 240 build/smla bench --paths --timing amortized --json "$L/paths.json" >"$L/paths.txt" 2>&1 || fail=1
+  grep -E '^ +[0-9]+ +[0-9]+ ' "$L/paths.txt" | cut -c1-150
 fi
 # Decode context parallelism: one rank per GPU over NCCL, then 4 ranks simulated on GPU 0
 # with the merge benchmark (docs/dcp.md).

@@ -129,7 +129,7 @@ MUTANTS = [
     # ---- the CUDA kernels (each checked against the CPU backend and the reference) ----
     M("gpu_bf16_truncate", "gpu", "src/cuda/forward_common.cuh",
       "__floats2bfloat162_rn(lo, hi);",
-      "__floats2bfloat162_rz(lo, hi);",
+      "__halves2bfloat162(__float2bfloat16_rz(lo), __float2bfloat16_rz(hi));",
       "forward kernels' bf16 packing (out and P) rounds toward zero", "forward"),
     M("gpu_ds_one_scale_s", "gpu", "src/cuda/forward_impl.cuh",
       "const float sc_ = (gi) >= 0 ? scale_s[col_ * 4 + (gi)] : 1.0f;",
@@ -339,7 +339,9 @@ def main():
             tree, log, rc = fut.result()
             t0 = time.time()
             if rc:
-                verdict, how = "ERROR", "does not build (%s)" % log
+                with open(log) as f:  # the first compiler error, so a remote run says why
+                    err = next((l.strip() for l in f if "error" in l), "(no error line)")
+                verdict, how = "ERROR", "does not build: %s" % err[:160]
             else:
                 python_only = m.path.endswith(".py")  # the binding: only pytest can see it
                 rc = 0

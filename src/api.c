@@ -437,6 +437,12 @@ static smla_status check_desc(smla_context *ctx, const char *fn, const smla_plan
   return SMLA_OK;
 }
 
+/* A plan's host memory: the struct and what the backend's plan_init allocated in it. */
+static void plan_free_host(smla_plan *plan) {
+  free(plan->split_table);
+  free(plan);
+}
+
 /* Runs the backend's shape-only choice on a scratch plan. */
 static smla_status plan_choose(smla_context *ctx, const smla_plan_desc *d, smla_plan *plan,
                                size_t *bytes) {
@@ -453,7 +459,9 @@ smla_status smla_plan_workspace_size(smla_context *ctx, const smla_plan_desc *de
   if (!bytes) FAIL(SMLA_ERR_INVALID_ARGUMENT, "smla_plan_workspace_size: bytes is NULL");
   CHECK(check_desc(ctx, "smla_plan_workspace_size", desc));
   smla_plan scratch;
-  return plan_choose(ctx, desc, &scratch, bytes);
+  const smla_status s = plan_choose(ctx, desc, &scratch, bytes);
+  free(scratch.split_table);
+  return s;
 }
 
 /* Caller-provided workspaces must be this aligned (vector loads, float atomics). */
@@ -472,17 +480,17 @@ smla_status smla_plan_create(smla_context *ctx, const smla_plan_desc *desc, void
   size_t need = 0;
   smla_status s = plan_choose(ctx, desc, plan, &need);
   if (s != SMLA_OK) {
-    free(plan);
+    plan_free_host(plan);
     return s;
   }
   if (workspace) {
     if (workspace_bytes < need) {
-      free(plan);
+      plan_free_host(plan);
       FAIL(SMLA_ERR_WORKSPACE, "%s: workspace_bytes = %zu, the plan needs %zu", fn,
            workspace_bytes, need);
     }
     if ((uintptr_t)workspace % WORKSPACE_ALIGN) {
-      free(plan);
+      plan_free_host(plan);
       FAIL(SMLA_ERR_MISALIGNED, "%s: workspace = %p is not %d-byte aligned", fn, workspace,
            WORKSPACE_ALIGN);
     }
@@ -491,7 +499,7 @@ smla_status smla_plan_create(smla_context *ctx, const smla_plan_desc *desc, void
   } else if (need > 0) {
     s = ctx->backend->alloc(ctx, need, &plan->workspace);
     if (s != SMLA_OK) {
-      free(plan);
+      plan_free_host(plan);
       return s;
     }
     plan->workspace_bytes = need;
@@ -504,7 +512,7 @@ smla_status smla_plan_create(smla_context *ctx, const smla_plan_desc *desc, void
 void smla_plan_destroy(smla_plan *plan) {
   if (!plan) return;
   if (plan->owns_workspace) plan->ctx->backend->free(plan->ctx, plan->workspace);
-  free(plan);
+  plan_free_host(plan);
 }
 
 const char *smla_plan_describe(const smla_plan *plan) {

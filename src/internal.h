@@ -48,6 +48,15 @@ struct smla_plan {
   int merge_clusters[9];          /* CUDA sm90: clusters of s blocks resident at once, s
                                      2..8 (0: s splits use the combine kernel) */
   int combine_pdl;                /* CUDA: the combine may be a programmatic dependent */
+  /* CUDA: the KV split of every T, chosen once at plan creation (the forward only looks it
+   * up). T <= split_rows: split_table[T - 1], bits 0-6 the split count, bit 7 set when the
+   * splits merge inside the kernel; T > split_rows: split_rest (the same encoding). Owned
+   * by the plan (freed by smla_plan_destroy); NULL where every T splits alike. */
+  uint8_t *split_table;
+  int64_t split_rows;
+  int split_rest;
+  int split_len_rest;             /* CUDA: entries per split of split_rest (forced splits
+                                     need not be whole tiles) */
   int num_threads;                /* CPU: workers (fixed at plan creation) */
 };
 

@@ -373,6 +373,12 @@ double tool_now_s(void) {
 #define BENCH_GRAPH_MIN_FORWARDS 20
 #define BENCH_GPU_REPS 30
 #define BENCH_GPU_WARMUP 3
+/* Cold timing (--timing cold|both), the method of the peer figures in the issues: one
+ * forward per graph replay, 256 MiB zeroed before each replay, median of 50. */
+#define BENCH_COLD_FLUSH_BYTES ((size_t)256 << 20)
+#define BENCH_COLD_REPS 50
+
+enum { TIMING_AMORTIZED = 1, TIMING_COLD = 2 }; /* bits of bench_opts.timing */
 /* CPU: 2 * T * N * K * 1088 FLOP at 25-35 GFLOP/s per core takes up to ~0.1 s per call at
  * T = 64, N = 16 and ~0.5 s at N = 128 (2 cores), so the CPU takes fewer samples: as many
  * as fit in about a second per shape, between 3 and 10, unless --reps says otherwise.
@@ -384,6 +390,12 @@ double tool_now_s(void) {
 
 static const int64_t bench_decode_tokens[] = {1, 2, 4, 8, 16, 32, 64};
 static const int64_t bench_prefill_tokens[] = {256, 512, 1024, 2048, 4096};
+/* --paths: the shapes of the decode path choice (T = 1..512 at N = 8, 16, 64, 128), and the
+ * forced split counts tried beside the plan's own choice. */
+static const int64_t bench_paths_tokens[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+static const int64_t bench_paths_heads[] = {8, 16, 64, 128};
+static const int bench_paths_splits[] = {1, 2, 4, 8, 16, 32};
+#define BENCH_MAX_VARIANTS 24
 
 typedef struct bench_opts {
   const char *preset; /* "decode" or "prefill" */
@@ -395,9 +407,11 @@ typedef struct bench_opts {
   int topk, dr, threads, use_graph;
   int splits, portable, separate; /* --splits (0: the plan picks), --portable,
                                      --separate-merge */
+  int paths;                       /* --paths: every path of each shape, and the plan's */
   smla_cache_format format;
   int64_t slots;
   int reps; /* 0: the device's default */
+  int timing; /* TIMING_* bits; the GPU default is both, the CPU's amortized */
   uint64_t seed;
   const char *json;
 } bench_opts;
@@ -407,7 +421,9 @@ typedef struct bench_row {
   int heads;
   char path[SMLA_DESCRIBE_MAX];
   int reps, graph, per_graph, sets;
-  double median_us, min_us;
+  double median_us, min_us;   /* amortized timing (0: not run) */
+  double cold_us, cold_min_us; /* cold timing (0: not run) */
+  double rate_us;              /* the time behind the rate columns: amortized if run */
   double flops, bytes;         /* per forward */
   double flop_per_s, bytes_per_s;
   double pct_flops, pct_bw, pct_roof; /* < 0: no ceilings (CPU) */
@@ -421,7 +437,8 @@ typedef struct bench_meta {
   const char *command;
   size_t row_bytes;
   double copy_bytes_per_s, gemm_flop_per_s; /* 0: not measured */
-  char timing[256];
+  void *flush;                              /* GPU, cold timing: the buffer zeroed */
+  char timing[512];
 } bench_meta;
 
 static void bench_usage(FILE *f) {
@@ -430,7 +447,7 @@ static void bench_usage(FILE *f) {
           "                  [-K 2048] [--dr 0|64] [--format bf16|fp8_tensor|fp8_ds]\n"
           "                  [--slots 262144] [--reps R] [--seed S] [--threads N]\n"
           "                  [--no-graph] [--splits S] [--portable] [--separate-merge]\n"
-          "                  [--json FILE]\n"
+          "                  [--timing amortized|cold|both] [--paths] [--json FILE]\n"
           "  Times smla_forward at DeepSeek-V3.2 shapes over a random KV pool of --slots\n"
           "  rows. Presets: decode T = 1,2,4,8,16,32,64; prefill T = 256,...,4096.\n"
           "  Defaults: GPU 0 if there is one, else the CPU; N = 16,128; reps %d on a GPU,\n"
@@ -438,8 +455,17 @@ static void bench_usage(FILE *f) {
           "  Lists are comma-separated (-N 16,128 -T 1,64). --splits forces the KV split\n"
           "  count (desc.num_splits); --portable asks for SMLA_PLAN_PORTABLE (on H100/H200:\n"
           "  the generic mma.sync kernel instead of the wgmma one); --separate-merge asks\n"
-          "  for SMLA_PLAN_SEPARATE_MERGE (splits merged by the combine kernel only).\n",
-          BENCH_GPU_REPS, BENCH_CPU_MIN_REPS, BENCH_CPU_MAX_REPS, BENCH_CPU_BUDGET_S);
+          "  for SMLA_PLAN_SEPARATE_MERGE (splits merged by the combine kernel only).\n"
+          "  --timing (GPU; default both): amortized = many forwards on rotating inputs per\n"
+          "  graph replay (T <= %d) or per event pair; cold = one forward per graph replay,\n"
+          "  %zu MiB zeroed before each (L2 flushed), median of %d. The rate columns use\n"
+          "  the amortized time when it was taken.\n"
+          "  --paths: for each shape, the plan's own choice and every other path (forced\n"
+          "  splits 1..32, in-kernel or separate merge, the generic kernel), one line per\n"
+          "  shape with the chosen path's time against the fastest (every row in --json);\n"
+          "  default T = 1..512, N = 8,16,64,128.\n",
+          BENCH_GPU_REPS, BENCH_CPU_MIN_REPS, BENCH_CPU_MAX_REPS, BENCH_CPU_BUDGET_S,
+          BENCH_GRAPH_MAX_T, BENCH_COLD_FLUSH_BYTES >> 20, BENCH_COLD_REPS);
 }
 
 static void cpu_model_name(char *buf, size_t bytes) {
@@ -549,9 +575,14 @@ static int bench_write_json(const char *path, const bench_opts *o, const bench_m
             (long long)r->tokens, r->heads, o->topk);
     json_string(f, r->path);
     fprintf(f, ", \"median_us\": ");
-    json_number(f, r->median_us);
+    json_number(f, r->median_us > 0 ? r->median_us : NAN);
     fprintf(f, ", \"min_us\": ");
-    json_number(f, r->min_us);
+    json_number(f, r->min_us > 0 ? r->min_us : NAN);
+    fprintf(f, ", \"cold_us\": ");
+    json_number(f, r->cold_us > 0 ? r->cold_us : NAN);
+    fprintf(f, ", \"cold_min_us\": ");
+    json_number(f, r->cold_min_us > 0 ? r->cold_min_us : NAN);
+    fprintf(f, ", \"cold_reps\": %d", r->cold_us > 0 ? BENCH_COLD_REPS : 0);
     fprintf(f, ", \"reps\": %d, \"graph\": %s, \"forwards_per_sample\": %d, \"input_sets\": %d",
             r->reps, r->graph ? "true" : "false", r->per_graph, r->sets);
     fprintf(f, ", \"flops\": ");
@@ -694,12 +725,24 @@ static int bench_shape_run(const tool_device *d, const bench_opts *o, const benc
   if (gpu) {
 #ifdef SMLA_HAVE_CUDA
     if (!reps) reps = BENCH_GPU_REPS;
-    samples = malloc((size_t)reps * sizeof *samples);
+    const int most = reps > BENCH_COLD_REPS ? reps : BENCH_COLD_REPS;
+    samples = malloc((size_t)most * sizeof *samples);
     if (!samples) goto done;
-    const int r = tool_cuda_time(d->stream, bench_launch, &b, graph, per_graph,
-                                 BENCH_GPU_WARMUP, reps, samples);
-    if (r > 0) tool_report(d, "smla_forward", (smla_status)r);
-    if (r) goto done;
+    if (o->timing & TIMING_COLD) {
+      const int r = tool_cuda_time_cold(d->stream, bench_launch, &b, m->flush,
+                                        BENCH_COLD_FLUSH_BYTES, BENCH_GPU_WARMUP,
+                                        BENCH_COLD_REPS, samples);
+      if (r > 0) tool_report(d, "smla_forward", (smla_status)r);
+      if (r) goto done;
+      row->cold_us = tool_median(samples, BENCH_COLD_REPS); /* sorts samples */
+      row->cold_min_us = samples[0];
+    }
+    if (o->timing & TIMING_AMORTIZED) {
+      const int r = tool_cuda_time(d->stream, bench_launch, &b, graph, per_graph,
+                                   BENCH_GPU_WARMUP, reps, samples);
+      if (r > 0) tool_report(d, "smla_forward", (smla_status)r);
+      if (r) goto done;
+    }
 #endif
   } else {
     double t0 = tool_now_s();
@@ -735,17 +778,20 @@ static int bench_shape_run(const tool_device *d, const bench_opts *o, const benc
   row->graph = graph;
   row->per_graph = per_graph;
   row->sets = sets;
-  row->median_us = tool_median(samples, reps); /* sorts samples */
-  row->min_us = samples[0];
-  row->flop_per_s = row->flops / (row->median_us * 1e-6);
-  row->bytes_per_s = row->bytes / (row->median_us * 1e-6);
+  if (o->timing & TIMING_AMORTIZED) {
+    row->median_us = tool_median(samples, reps); /* sorts samples */
+    row->min_us = samples[0];
+  }
+  row->rate_us = row->median_us > 0 ? row->median_us : row->cold_us;
+  row->flop_per_s = row->flops / (row->rate_us * 1e-6);
+  row->bytes_per_s = row->bytes / (row->rate_us * 1e-6);
   row->pct_flops = row->pct_bw = row->pct_roof = -1;
   if (m->copy_bytes_per_s > 0 && m->gemm_flop_per_s > 0) {
     const double t_flops = row->flops / m->gemm_flop_per_s;
     const double t_bytes = row->bytes / m->copy_bytes_per_s;
     row->pct_flops = 100.0 * row->flop_per_s / m->gemm_flop_per_s;
     row->pct_bw = 100.0 * row->bytes_per_s / m->copy_bytes_per_s;
-    row->pct_roof = 100.0 * (t_flops > t_bytes ? t_flops : t_bytes) / (row->median_us * 1e-6);
+    row->pct_roof = 100.0 * (t_flops > t_bytes ? t_flops : t_bytes) / (row->rate_us * 1e-6);
   }
   rc = 0;
 done:
@@ -762,10 +808,14 @@ done:
 }
 
 static void bench_print_row(const tool_device *d, const bench_row *r) {
-  if (d->device >= 0)
-    printf("%6lld %4d %11.2f %9.2f %7.3f %7.1f %6.1f %6.1f  %s\n", (long long)r->tokens,
-           r->heads, r->median_us, r->flop_per_s * 1e-12, r->bytes_per_s * 1e-12,
+  if (d->device >= 0) {
+    char amort[16] = "-", cold[16] = "-";
+    if (r->median_us > 0) snprintf(amort, sizeof amort, "%.2f", r->median_us);
+    if (r->cold_us > 0) snprintf(cold, sizeof cold, "%.2f", r->cold_us);
+    printf("%6lld %4d %11s %9s %9.2f %7.3f %7.1f %6.1f %6.1f  %s\n", (long long)r->tokens,
+           r->heads, amort, cold, r->flop_per_s * 1e-12, r->bytes_per_s * 1e-12,
            r->pct_flops, r->pct_bw, r->pct_roof, r->path);
+  }
   else
     printf("%6lld %4d %11.1f %9.4f %7.2f %5d  %s\n", (long long)r->tokens, r->heads,
            r->median_us, r->flop_per_s * 1e-12, r->bytes_per_s * 1e-9, r->reps, r->path);
@@ -773,6 +823,60 @@ static void bench_print_row(const tool_device *d, const bench_row *r) {
     printf("       warning: forward counted %llu bad inputs (expected 0)\n",
            (unsigned long long)r->bad_inputs);
   fflush(stdout);
+}
+
+/* --paths, one shape: the plan's own choice (rows[0]), then every distinct other path (by
+ * its plan description). Prints one line: the chosen path's time against the fastest.
+ * Returns 0, or -1 after printing why; *n: rows filled. */
+static int bench_paths_shape(const tool_device *d, const bench_opts *o, const bench_meta *m,
+                             const smla_cache *cache, tool_sampler *sampler, tool_rng *rng,
+                             int64_t T, int N, bench_row *rows, int *n) {
+  bench_opts v[BENCH_MAX_VARIANTS];
+  int nv = 0;
+  v[nv++] = *o; /* the plan's own choice */
+  const int ntiles = (o->topk + 63) / 64;
+  for (size_t i = 0; i < sizeof bench_paths_splits / sizeof *bench_paths_splits; i++) {
+    const int sp = bench_paths_splits[i];
+    if (sp > ntiles) break;
+    for (int k = 0; k < 3 && nv < BENCH_MAX_VARIANTS; k++) {
+      v[nv] = *o;
+      v[nv].splits = sp;
+      v[nv].separate = k == 1;
+      v[nv].portable = k == 2;
+      nv++;
+    }
+  }
+  for (int k = 0; k < 2 && nv < BENCH_MAX_VARIANTS; k++) {
+    v[nv] = *o;
+    v[nv].portable = k == 0;
+    v[nv].separate = k == 1;
+    nv++;
+  }
+  char seen[BENCH_MAX_VARIANTS][SMLA_DESCRIBE_MAX];
+  int nseen = 0;
+  *n = 0;
+  for (int i = 0; i < nv; i++) {
+    const uint32_t flags = (v[i].portable ? SMLA_PLAN_PORTABLE : 0u) |
+                           (v[i].separate ? SMLA_PLAN_SEPARATE_MERGE : 0u);
+    smla_plan *probe = NULL;
+    if (tool_plan(d, T, N, o->topk, o->dr, o->format, v[i].splits, flags, &probe)) return -1;
+    int dup = 0;
+    for (int j = 0; j < nseen && !dup; j++)
+      dup = strcmp(seen[j], smla_plan_describe(probe)) == 0;
+    if (!dup) snprintf(seen[nseen++], sizeof seen[0], "%s", smla_plan_describe(probe));
+    smla_plan_destroy(probe);
+    if (dup) continue;
+    if (bench_shape_run(d, &v[i], m, cache, sampler, rng, T, N, &rows[*n])) return -1;
+    (*n)++;
+  }
+  int best = 0;
+  for (int i = 1; i < *n; i++)
+    if (rows[i].rate_us < rows[best].rate_us) best = i;
+  printf("%6lld %4d %10.2f %10.2f %7.3f %6d  %s\n", (long long)T, N, rows[0].rate_us,
+         rows[best].rate_us, rows[0].rate_us / rows[best].rate_us, *n,
+         best == 0 ? "(the chosen path)" : rows[best].path);
+  fflush(stdout);
+  return 0;
 }
 
 static int bench_parse(int argc, char **argv, bench_opts *o) {
@@ -802,6 +906,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
       used = 0;
     } else if (strcmp(a, "--separate-merge") == 0) {
       o->separate = 1;
+      used = 0;
+    } else if (strcmp(a, "--paths") == 0) {
+      o->paths = 1;
       used = 0;
     } else if (!v) {
       fprintf(stderr, "smla bench: %s needs a value\n", a);
@@ -843,6 +950,12 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
       want = "an integer 1..1000000";
       if (tool_parse_int(v, 1, 1000000, &x)) goto bad;
       o->splits = (int)x;
+    } else if (strcmp(a, "--timing") == 0) {
+      want = "amortized, cold or both";
+      if (strcmp(v, "amortized") == 0) o->timing = TIMING_AMORTIZED;
+      else if (strcmp(v, "cold") == 0) o->timing = TIMING_COLD;
+      else if (strcmp(v, "both") == 0) o->timing = TIMING_AMORTIZED | TIMING_COLD;
+      else goto bad;
     } else if (strcmp(a, "--reps") == 0) {
       want = "an integer 1..1000000";
       if (tool_parse_int(v, 1, 1000000, &x)) goto bad;
@@ -876,6 +989,27 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
     return -1;
   }
   if (!device_given) o->device = smla_cuda_device_count() > 0 ? 0 : SMLA_DEVICE_CPU;
+  if (o->device < 0 && (o->timing & TIMING_COLD)) {
+    fprintf(stderr, "smla bench: --timing %s needs a GPU (the CPU has amortized timing only)\n",
+            o->timing == TIMING_COLD ? "cold" : "both");
+    return -1;
+  }
+  if (!o->timing) o->timing = o->device >= 0 ? TIMING_AMORTIZED | TIMING_COLD : TIMING_AMORTIZED;
+  if (o->paths && (o->splits || o->portable || o->separate)) {
+    fprintf(stderr, "smla bench: --paths tries every split and kernel itself: leave out "
+                    "--splits, --portable and --separate-merge\n");
+    return -1;
+  }
+  if (o->paths && !tokens_given) {
+    o->num_tokens = (int)(sizeof bench_paths_tokens / sizeof *bench_paths_tokens);
+    memcpy(o->tokens, bench_paths_tokens, sizeof bench_paths_tokens);
+    tokens_given = 1;
+  }
+  if (o->paths && !heads_given) {
+    o->num_heads = (int)(sizeof bench_paths_heads / sizeof *bench_paths_heads);
+    memcpy(o->heads, bench_paths_heads, sizeof bench_paths_heads);
+    heads_given = 1;
+  }
   if (!tokens_given) {
     const int decode = strcmp(o->preset, "decode") == 0;
     const int64_t *src = decode ? bench_decode_tokens : bench_prefill_tokens;
@@ -910,7 +1044,8 @@ int tool_bench_main(int argc, char **argv, const char *command_line) {
   memset(&m, 0, sizeof m);
   m.command = command_line;
   m.row_bytes = smla_cache_row_size(o.format, o.dr);
-  bench_row *rows = calloc((size_t)o.num_heads * o.num_tokens, sizeof *rows);
+  bench_row *rows = calloc((size_t)o.num_heads * o.num_tokens * (o.paths ? BENCH_MAX_VARIANTS : 1),
+                           sizeof *rows);
   tool_sampler sampler = {0};
   smla_cache cache = {0};
   tool_rng rng;
@@ -944,12 +1079,21 @@ int tool_bench_main(int argc, char **argv, const char *command_line) {
   gmtime_r(&now, &tm_utc);
   strftime(m.date, sizeof m.date, "%Y-%m-%dT%H:%M:%SZ", &tm_utc);
   git_commit(m.commit, sizeof m.commit);
-  if (gpu)
-    snprintf(m.timing, sizeof m.timing,
-             "CUDA events; T <= %d: CUDA-graph replays of >= %d forwards, per forward; "
-             "median of %d samples after %d warm-ups",
-             BENCH_GRAPH_MAX_T, BENCH_GRAPH_MIN_FORWARDS, o.reps ? o.reps : BENCH_GPU_REPS,
-             BENCH_GPU_WARMUP);
+  if (gpu) {
+    int n = 0;
+    if (o.timing & TIMING_AMORTIZED)
+      n = snprintf(m.timing, sizeof m.timing,
+                   "median_us (amortized): CUDA events; T <= %d: CUDA-graph replays of >= %d "
+                   "forwards on rotating inputs, per forward; median of %d samples after %d "
+                   "warm-ups",
+                   BENCH_GRAPH_MAX_T, BENCH_GRAPH_MIN_FORWARDS,
+                   o.reps ? o.reps : BENCH_GPU_REPS, BENCH_GPU_WARMUP);
+    if ((o.timing & TIMING_COLD) && n >= 0 && n < (int)sizeof m.timing)
+      snprintf(m.timing + n, sizeof m.timing - (size_t)n,
+               "%scold_us: one forward per CUDA-graph replay, %zu MiB zeroed before each "
+               "(untimed), median of %d after %d warm-ups",
+               n ? "; " : "", BENCH_COLD_FLUSH_BYTES >> 20, BENCH_COLD_REPS, BENCH_GPU_WARMUP);
+  }
   else if (o.reps)
     snprintf(m.timing, sizeof m.timing,
              "clock_gettime around each call; median of %d after %d warm-up", o.reps,
@@ -978,6 +1122,8 @@ int tool_bench_main(int argc, char **argv, const char *command_line) {
   if (gpu) {
 #ifdef SMLA_HAVE_CUDA
     if (tool_cuda_ceilings(d.stream, &m.copy_bytes_per_s, &m.gemm_flop_per_s)) goto done;
+    if ((o.timing & TIMING_COLD) && !(m.flush = tool_alloc(&d, BENCH_COLD_FLUSH_BYTES)))
+      goto done;
     printf("ceilings : copy %.2f TB/s (device-to-device, read+written), "
            "bf16 GEMM %.0f TFLOP/s (cuBLAS 8192^3)\n",
            m.copy_bytes_per_s * 1e-12, m.gemm_flop_per_s * 1e-12);
@@ -997,9 +1143,12 @@ int tool_bench_main(int argc, char **argv, const char *command_line) {
   if (bench_fill_pool(&d, &cache, &rng)) goto done;
   printf("pool     : filled through smla_cache_write in %.2f s\n", tool_now_s() - fill_t0);
 
-  if (gpu)
-    printf("\n%6s %4s %11s %9s %7s %7s %6s %6s  %s\n", "T", "N", "median_us", "TFLOP/s",
-           "TB/s", "%flops", "%bw", "%roof", "path");
+  if (o.paths)
+    printf("\n%6s %4s %10s %10s %7s %6s  %s\n", "T", "N", "chosen_us", "best_us", "ratio",
+           "paths", "fastest path (every path's row: --json)");
+  else if (gpu)
+    printf("\n%6s %4s %11s %9s %9s %7s %7s %6s %6s  %s\n", "T", "N", "median_us", "cold_us",
+           "TFLOP/s", "TB/s", "%flops", "%bw", "%roof", "path");
   else
     printf("\n%6s %4s %11s %9s %7s %5s  %s\n", "T", "N", "median_us", "TFLOP/s", "GB/s",
            "reps", "path");
@@ -1007,6 +1156,14 @@ int tool_bench_main(int argc, char **argv, const char *command_line) {
   for (int h = 0; h < o.num_heads; h++)
     for (int t = 0; t < o.num_tokens; t++) {
       bench_row *r = &rows[num_rows];
+      if (o.paths) {
+        int n = 0;
+        if (bench_paths_shape(&d, &o, &m, &cache, &sampler, &rng, o.tokens[t], (int)o.heads[h],
+                              r, &n))
+          goto done;
+        num_rows += n;
+        continue;
+      }
       if (bench_shape_run(&d, &o, &m, &cache, &sampler, &rng, o.tokens[t], (int)o.heads[h], r))
         goto done;
       bench_print_row(&d, r);
@@ -1018,6 +1175,7 @@ int tool_bench_main(int argc, char **argv, const char *command_line) {
   }
   rc = TOOL_EXIT_OK;
 done:
+  tool_free(&d, m.flush);
   tool_free(&d, cache.data);
   tool_sampler_free(&sampler);
   free(rows);

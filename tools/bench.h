@@ -129,6 +129,13 @@ typedef int (*tool_launch_fn)(void *arg, int index, void *stream);
 int tool_cuda_time(void *stream, tool_launch_fn fn, void *arg, int use_graph, int per_graph,
                    int warmup, int samples, double *sample_us);
 
+/* Cold timing, the way the peers were measured: one call (index 0) captured into a CUDA
+ * graph; before each replay flush_bytes at flush are zeroed (untimed), so the replay finds
+ * nothing of its inputs in L2 and pays a graph launch of its own. Each sample is one
+ * replay. Returns as tool_cuda_time. */
+int tool_cuda_time_cold(void *stream, tool_launch_fn fn, void *arg, void *flush,
+                        size_t flush_bytes, int warmup, int samples, double *sample_us);
+
 /* The two ceilings of the percent-of-roofline columns, measured now on the current device:
  * device-to-device copy (bytes read + written per second, median of several ~1 GiB
  * copies) and a bf16 cuBLAS matrix product 8192^3 with fp32 accumulation on random data

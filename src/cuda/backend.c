@@ -395,10 +395,11 @@ static void plan_choice(const smla_plan *plan, fwd_choice *c) {
 }
 
 /* Splits for a forward of T rows under the plan's policy, and whether they merge in the
- * kernel. A batch-invariant plan fixes both from one T, so every row of every T is
- * computed and merged the same way. */
-static int plan_splits(const smla_plan *plan, const fwd_choice *c, const cuda_state *st,
-                       int64_t T, int *split_len, int *merged) {
+ * kernel, by the cost model (plan time only: the forward reads plan->split_table). A
+ * batch-invariant plan fixes both from one T, so every row of every T is computed and
+ * merged the same way. */
+static int model_splits(const smla_plan *plan, const fwd_choice *c, const cuda_state *st,
+                        int64_t T, int *split_len, int *merged) {
   const smla_plan_desc *d = &plan->desc;
   if (d->num_splits > 0) { /* forced: merged in the kernel wherever it can be */
     int s;
@@ -409,6 +410,59 @@ static int plan_splits(const smla_plan *plan, const fwd_choice *c, const cuda_st
   const int64_t T_model = (d->flags & SMLA_PLAN_BATCH_INVARIANT)
                               ? invariant_rows(c, st, d->max_tokens) : T;
   return auto_splits(c, st, d->num_heads, d->topk, T_model, split_len, merged);
+}
+
+#define SPLIT_MERGED 0x80 /* split_table, split_rest: the splits merge in the kernel */
+
+/* The plan's split of T rows (from the table made by fill_split_table). */
+static int plan_splits(const smla_plan *plan, const fwd_choice *c, int64_t T, int *split_len,
+                       int *merged) {
+  if (T > plan->split_rows) {
+    *split_len = plan->split_len_rest;
+    *merged = (plan->split_rest & SPLIT_MERGED) != 0;
+    return plan->split_rest & ~SPLIT_MERGED;
+  }
+  const int e = plan->split_table[T - 1];
+  const int s = e & ~SPLIT_MERGED;
+  *merged = (e & SPLIT_MERGED) != 0;
+  /* model_splits' lengths: the whole list unsplit, else whole tiles per split */
+  *split_len = s == 1 ? plan->desc.topk : (int)(ceil_div(c->ntiles, s) * SMLA_CUDA_FWD_BN);
+  return s;
+}
+
+/* Runs the cost model once per T that may split (T * groups below NO_SPLIT_WAVES waves,
+ * and T <= max_tokens), so that a forward spends no host time on it. A forced or
+ * batch-invariant policy has one split for every T and needs no table. */
+static smla_status fill_split_table(smla_plan *plan, const fwd_choice *c,
+                                    const cuda_state *st) {
+  const smla_plan_desc *d = &plan->desc;
+  int split_len, merged;
+  plan->split_table = NULL;
+  plan->split_rows = 0;
+  if (d->num_splits > 0 || (d->flags & SMLA_PLAN_BATCH_INVARIANT)) {
+    const int s = model_splits(plan, c, st, 1, &split_len, &merged);
+    plan->split_rest = s | (merged ? SPLIT_MERGED : 0);
+    plan->split_len_rest = split_len;
+    return SMLA_OK;
+  }
+  int64_t rows = ceil_div((int64_t)NO_SPLIT_WAVES * st->sm_count, c->groups);
+  if (rows > d->max_tokens) rows = d->max_tokens;
+  plan->split_table = malloc((size_t)rows);
+  if (!plan->split_table)
+    return smla_set_error(plan->ctx, SMLA_ERR_OUT_OF_MEMORY, "smla_plan_create: out of "
+                          "host memory (%lld-byte split table)", (long long)rows);
+  for (int64_t T = 1; T <= rows; T++) {
+    const int s = model_splits(plan, c, st, T, &split_len, &merged);
+    plan->split_table[T - 1] = (uint8_t)(s | (merged ? SPLIT_MERGED : 0));
+  }
+  plan->split_rows = rows;
+  /* Beyond the table: T * groups >= NO_SPLIT_WAVES waves, where the model never splits. */
+  plan->split_rest = model_splits(plan, c, st, rows + 1, &split_len, &merged);
+  plan->split_len_rest = split_len;
+  if (plan->split_rest != 1 || merged)
+    return smla_set_error(plan->ctx, SMLA_ERR_INTERNAL, "smla_plan_create: the cost model "
+                          "splits T = %lld, beyond its table", (long long)rows + 1);
+  return SMLA_OK;
 }
 
 /* Workspace bytes per partial row (t, split): out [N][512] float + lse [N] + max [N]. */
@@ -511,20 +565,20 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
     if (n > 0 && n < (int)sizeof merge) snprintf(merge + n, sizeof merge - (size_t)n, ")");
   }
 
+  s = fill_split_table(plan, &c, st);
+  if (s != SMLA_OK) return s;
   /* Partial rows the workspace must hold: max over T <= max_tokens of T * splits(T). */
   int64_t cap = 0;
-  int split_len, merged, s_one = plan_splits(plan, &c, st, 1, &split_len, &merged);
+  int split_len, merged, s_one = plan_splits(plan, &c, 1, &split_len, &merged);
   const int merged_one = merged;
-  const int s_max = plan_splits(plan, &c, st, d->max_tokens, &split_len, &merged);
+  const int s_max = plan_splits(plan, &c, d->max_tokens, &split_len, &merged);
   const int merged_max = merged;
-  if (d->num_splits > 0 || (d->flags & SMLA_PLAN_BATCH_INVARIANT)) {
+  if (!plan->split_table) {
     cap = s_one > 1 ? d->max_tokens * s_one : 0;
   } else {
-    int64_t tmax = ceil_div((int64_t)NO_SPLIT_WAVES * st->sm_count, c.groups);
-    if (tmax > d->max_tokens) tmax = d->max_tokens;
-    for (int64_t T = 1; T <= tmax; T++) {
-      const int s = plan_splits(plan, &c, st, T, &split_len, &merged);
-      if (s > 1 && T * s > cap) cap = T * s;
+    for (int64_t T = 1; T <= plan->split_rows; T++) {
+      const int k = plan->split_table[T - 1] & ~SPLIT_MERGED;
+      if (k > 1 && T * k > cap) cap = T * k;
     }
   }
   /* The grid is (row, head group, split) in one dimension of at most 2^31-1 blocks. */
@@ -557,14 +611,13 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
 
 static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p, void *stream) {
   smla_context *ctx = plan->ctx;
-  const cuda_state *st = ctx->backend_state;
   const char *fn = "smla_forward";
   fwd_choice c;
   plan_choice(plan, &c);
   const int64_t T = p->num_tokens;
   const int N = p->num_heads;
   int split_len, merged;
-  const int splits = plan_splits(plan, &c, st, T, &split_len, &merged);
+  const int splits = plan_splits(plan, &c, T, &split_len, &merged);
 
   smla_cuda_fwd_args a;
   memset(&a, 0, sizeof a);
