@@ -152,11 +152,21 @@ if has ab && [ -n "${AB_FLAGS:-}" ]; then
     ab_ok=1
     stamp "A/B build ($AB_FLAGS): $(tail -1 "$L/test_ab.log")"
     timeout 90 build-ab/smla bench --preset decode "$@" >"$L/bench_decode_ab.txt" 2>&1
-    timeout 60 build-ab/smla bench -N 128 -T 1024,4096 "$@" >"$L/bench_prefill_ab.txt" 2>&1
-    echo "prefill N=128, A/B build:"; grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_prefill_ab.txt" | cut -c1-90
-    echo "decode median us: default | $AB_FLAGS"
-    paste <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" | awk '{printf "T=%-3s N=%-4s %8s\n", $1, $2, $3}') \
-          <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode_ab.txt" | awk '{print $3}')
+    # Prefill, both builds twice, interleaved (the spread between a build's two runs is the
+    # noise the difference is held against).
+    for r in 1 2; do
+      for b in build build-ab; do
+        timeout 60 $b/smla bench -N 16,64,128 -T 1024 "$@" >"$L/bench_prefill_${b}_$r.txt" 2>&1
+      done
+    done
+    echo "prefill, us (amortized | cold): default run 1, default run 2 | A/B run 1, A/B run 2"
+    paste <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_prefill_build_1.txt" | awk '{printf "T=%-5s N=%-4s %9s %9s\n", $1, $2, $3, $4}') \
+          <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_prefill_build_2.txt" | awk '{printf "%9s %9s |", $3, $4}') \
+          <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_prefill_build-ab_1.txt" | awk '{printf "%9s %9s", $3, $4}') \
+          <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_prefill_build-ab_2.txt" | awk '{printf "%9s %9s\n", $3, $4}')
+    echo "decode us (amortized, cold): default | $AB_FLAGS"
+    paste <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode.txt" | awk '{printf "T=%-3s N=%-4s %8s %8s |\n", $1, $2, $3, $4}') \
+          <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_decode_ab.txt" | awk '{print $3, $4}')
   else
     stamp "A/B ($AB_FLAGS): build or tests FAILED ($(tail -1 "$L/test_ab.log" 2>/dev/null))"; fail=1
   fi

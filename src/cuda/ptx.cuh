@@ -12,12 +12,26 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+/* SMLA_CP_ASYNC_L2_256B=1 (experiment, issue 21; build with NVCC_EXTRA=-D...): every
+ * cp.async asks L2 to fetch the whole 256-byte block around it (.L2::256B), as FlashMLA's
+ * gathers do: fewer, larger DRAM requests for a 1152-byte row, at up to 11% more bytes
+ * (a row spans five 256-byte blocks). Measured in docs/design/cuda-sm90-forward.md. */
+#ifndef SMLA_CP_ASYNC_L2_256B
+#define SMLA_CP_ASYNC_L2_256B 0
+#endif
+
 /* cp.async.cg.shared.global [dst], [src], 16, src_bytes: copies src_bytes (0 or 16) and
  * zero-fills the rest of the 16 bytes; with src_bytes = 0 nothing is read. L1 bypassed. */
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, uint32_t src_bytes) {
+#if SMLA_CP_ASYNC_L2_256B
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes)
                : "memory");
+#endif
 }
 
 /* cp.async.commit_group */
