@@ -359,6 +359,21 @@ typedef struct smla_forward_params {
 
 smla_status smla_forward(smla_plan *plan, const smla_forward_params *p, void *stream);
 
+/* Forward from request-local indices (since v0.4): a decode step's index conversion and
+ * forward in one call, one launch on a GPU (the kernel converts each entry as it reads it).
+ * Computes exactly smla_convert_indices(indices with compact = 0, its context-parallel
+ * filter included) followed by smla_forward on those slots, without the slots array:
+ * p->slots must be NULL (p->slots_stride is ignored), indices->num_tokens must equal
+ * p->num_tokens and indices->topk p->topk, indices->slots and ->valid must be NULL and
+ * ->compact 0 (compaction moves entries, which only the separate convert does; its valid
+ * counts are then the forward's lengths). An entry that converts to -1 is masked, not
+ * counted; one that converts to a slot >= cache.num_slots is masked and counted in
+ * bad_inputs, as in the two calls. req_id, block_table and local are read on the device
+ * when the call runs, so a captured graph replays with them rewritten in place.
+ * Statuses: smla_forward's and smla_convert_indices's, for the same causes. */
+smla_status smla_forward_indices(smla_plan *plan, const smla_forward_params *p,
+                                 const smla_convert_params *indices, void *stream);
+
 /* ---------------------------------------------------------------------------------------
  * 4. Merge partial states (split-KV combine; decode context parallelism across GPUs).
  *   out[t][h] = sum_p w_p out_p[p][t][h],  w_p = exp(lse_p - lse),  lse = log sum exp lse_p

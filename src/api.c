@@ -279,9 +279,15 @@ static smla_status check_cache(smla_context *ctx, const char *fn, const smla_cac
 
 /* ---- 1. convert indices ---------------------------------------------------------------- */
 
-static smla_status check_convert(smla_context *ctx, const smla_convert_params *p) {
-  const char *fn = "smla_convert_indices";
-  if (!p) FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: params is NULL", fn);
+/* fused (smla_forward_indices): the conversion feeds the forward directly, so there is no
+ * slots or valid array and no compaction. */
+static smla_status check_convert(smla_context *ctx, const char *fn, const smla_convert_params *p,
+                                 int fused) {
+  if (!p) FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, fused ? "indices" : "params");
+  if (fused && (p->slots || p->valid || p->compact))
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: indices->slots and ->valid must be NULL and "
+         "->compact 0 (the converted slots go straight into the forward; to compact, call "
+         "smla_convert_indices and pass its valid counts as lengths)", fn);
   if (p->num_tokens < 0 || p->num_tokens > INT32_MAX)
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: num_tokens = %lld, must be 0..2^31-1", fn,
          (long long)p->num_tokens);
@@ -308,11 +314,12 @@ static smla_status check_convert(smla_context *ctx, const smla_convert_params *p
   CHECK(need_ptr(ctx, fn, "req_id", p->req_id, 4));
   CHECK(need_ptr(ctx, fn, "block_table", p->block_table, 4));
   CHECK(need_ptr(ctx, fn, "local", p->local, 4));
-  CHECK(need_ptr(ctx, fn, "slots", p->slots, 4));
-  if (p->valid) CHECK(need_ptr(ctx, fn, "valid", p->valid, 4));
   CHECK(need_rows(ctx, fn, "block_table_stride", p->block_table_stride, p->num_requests,
                   p->blocks_per_request, 1));
   CHECK(need_rows(ctx, fn, "local_stride", p->local_stride, p->num_tokens, p->topk, 1));
+  if (fused) return SMLA_OK;
+  CHECK(need_ptr(ctx, fn, "slots", p->slots, 4));
+  if (p->valid) CHECK(need_ptr(ctx, fn, "valid", p->valid, 4));
   CHECK(need_rows(ctx, fn, "slots_stride", p->slots_stride, p->num_tokens, p->topk, 1));
   /* In place is fine entry by entry (same pointer, same stride, no compaction); any other
    * overlap would overwrite entries not read yet. */
@@ -328,7 +335,7 @@ static smla_status check_convert(smla_context *ctx, const smla_convert_params *p
 
 smla_status smla_convert_indices(smla_context *ctx, const smla_convert_params *p, void *stream) {
   if (!ctx) return SMLA_ERR_INVALID_ARGUMENT;
-  CHECK(check_convert(ctx, p));
+  CHECK(check_convert(ctx, "smla_convert_indices", p, 0));
   if (p->num_tokens == 0) return SMLA_OK;
   return ctx->backend->convert(ctx, p, stream);
 }
@@ -521,9 +528,10 @@ const char *smla_plan_describe(const smla_plan *plan) {
 
 /* ---- 3. forward ---------------------------------------------------------------------- */
 
-static smla_status check_forward(smla_plan *plan, const smla_forward_params *p) {
+/* fused (smla_forward_indices): slots come from the conversion, so p->slots must be NULL. */
+static smla_status check_forward(smla_plan *plan, const char *fn, const smla_forward_params *p,
+                                 int fused) {
   smla_context *ctx = plan->ctx;
-  const char *fn = "smla_forward";
   const smla_plan_desc *d = &plan->desc;
   if (!p) FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: params is NULL", fn);
   if (p->num_tokens < 0)
@@ -563,8 +571,13 @@ static smla_status check_forward(smla_plan *plan, const smla_forward_params *p) 
     CHECK(need_rows2(ctx, fn, "q_pe_stride_t", p->q_pe_stride_t, T, "q_pe_stride_h",
                      p->q_pe_stride_h, N, dr, BF16_MULT));
   }
-  CHECK(need_ptr(ctx, fn, "slots", p->slots, 4));
-  CHECK(need_rows(ctx, fn, "slots_stride", p->slots_stride, T, K, 1));
+  if (fused && p->slots)
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: slots must be NULL (the slots are converted from "
+         "indices->local inside the call)", fn);
+  if (!fused) {
+    CHECK(need_ptr(ctx, fn, "slots", p->slots, 4));
+    CHECK(need_rows(ctx, fn, "slots_stride", p->slots_stride, T, K, 1));
+  }
   if (p->lengths) CHECK(need_ptr(ctx, fn, "lengths", p->lengths, 4));
   if (p->sink) CHECK(need_ptr(ctx, fn, "sink", p->sink, 4));
   CHECK(need_ptr(ctx, fn, "out", p->out, BF16_ALIGN));
@@ -584,7 +597,24 @@ static smla_status check_forward(smla_plan *plan, const smla_forward_params *p) 
 
 smla_status smla_forward(smla_plan *plan, const smla_forward_params *p, void *stream) {
   if (!plan) return SMLA_ERR_INVALID_ARGUMENT;
-  CHECK(check_forward(plan, p));
+  CHECK(check_forward(plan, "smla_forward", p, 0));
   if (p->num_tokens == 0) return SMLA_OK;
-  return plan->ctx->backend->forward(plan, p, stream);
+  return plan->ctx->backend->forward(plan, p, NULL, stream);
+}
+
+smla_status smla_forward_indices(smla_plan *plan, const smla_forward_params *p,
+                                 const smla_convert_params *indices, void *stream) {
+  const char *fn = "smla_forward_indices";
+  if (!plan) return SMLA_ERR_INVALID_ARGUMENT;
+  smla_context *ctx = plan->ctx;
+  CHECK(check_forward(plan, fn, p, 1));
+  CHECK(check_convert(ctx, fn, indices, 1));
+  if (indices->num_tokens != p->num_tokens)
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: indices->num_tokens = %lld, params num_tokens = %lld",
+         fn, (long long)indices->num_tokens, (long long)p->num_tokens);
+  if (indices->topk != p->topk)
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: indices->topk = %d, params topk = %d", fn,
+         indices->topk, p->topk);
+  if (p->num_tokens == 0) return SMLA_OK;
+  return ctx->backend->forward(plan, p, indices, stream);
 }

@@ -74,7 +74,10 @@ struct smla_backend {
    * exists (plan->workspace == NULL). The CUDA one also sets the kernel's shared-memory
    * attribute, so a size query has that (idempotent) side effect too. */
   smla_status (*plan_init)(smla_plan *plan, size_t *workspace_bytes);
-  smla_status (*forward)(smla_plan *plan, const smla_forward_params *p, void *stream);
+  /* indices != NULL (smla_forward_indices): p->slots is NULL and each row's slots are the
+   * conversion (compact = 0) of indices->local; both already validated. */
+  smla_status (*forward)(smla_plan *plan, const smla_forward_params *p,
+                         const smla_convert_params *indices, void *stream);
   smla_status (*alloc)(smla_context *ctx, size_t bytes, void **ptr);
   void (*free)(smla_context *ctx, void *ptr);
   /* SMLA_OK, or SMLA_ERR_CAPTURING when the calling thread is capturing. May be NULL. */

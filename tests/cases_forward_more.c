@@ -492,7 +492,36 @@ static void c_parts_3(t_case *tc) { parts_merge(tc, 3); }
 static void c_parts_5(t_case *tc) { parts_merge(tc, 5); }
 static void c_parts_8(t_case *tc) { parts_merge(tc, 8); }
 
+/* smla_forward_indices: request-local indices with every kind of invalid entry, converted
+ * inside the forward; checked against the reference on their conversion and bitwise against
+ * smla_forward on those slots (fwd_run), on every backend. */
+static void indices_case(t_case *tc, int64_t T, int N, int K, int dr, smla_cache_format format,
+                         int bs, int cp_size, int use_lengths, int num_splits) {
+  fwd_problem pb;
+  fwd_defaults(&pb, T, N, K, dr, format);
+  pb.use_lengths = use_lengths;
+  pb.use_sink = 1;
+  pb.num_splits = num_splits;
+  pb.repeat = 2;
+  fwd_make_inputs(&pb);
+  if (use_lengths)
+    for (int64_t t = 0; t < T; t++) pb.lengths[t] = (int32_t)t_rng_int(0, K + 3);
+  fwd_use_indices(&pb, bs, cp_size, cp_size >= 2 ? cp_size - 1 : 0, 4);
+  if (fwd_make_cache(tc, &pb) == 0) fwd_run(tc, &pb);
+  fwd_free(&pb);
+}
+static void c_indices_n16(t_case *tc) { indices_case(tc, 5, 16, 300, 64, SMLA_CACHE_BF16, 16, 0, 1, 0); }
+static void c_indices_n128(t_case *tc) { indices_case(tc, 3, 128, 2051, 64, SMLA_CACHE_BF16, 64, 0, 0, 0); }
+static void c_indices_n64_split3(t_case *tc) { indices_case(tc, 6, 64, 1000, 0, SMLA_CACHE_BF16, 1, 0, 1, 3); }
+static void c_indices_fp8ds_cp(t_case *tc) { indices_case(tc, 4, 64, 700, 64, SMLA_CACHE_FP8_DS, 16, 2, 1, 0); }
+static void c_indices_fp8t_n8(t_case *tc) { indices_case(tc, 7, 8, 129, 64, SMLA_CACHE_FP8_TENSOR, 32, 3, 0, 2); }
+
 void t_register_forward_more_cases(void) {
+  t_register("forward_indices_n16", c_indices_n16);
+  t_register("forward_indices_n128", c_indices_n128);
+  t_register("forward_indices_n64_dr0_splits3", c_indices_n64_split3);
+  t_register("forward_indices_fp8ds_cp2", c_indices_fp8ds_cp);
+  t_register("forward_indices_fp8tensor_n8_cp3", c_indices_fp8t_n8);
   t_register("forward_sink_parts_merged_2", c_parts_2);
   t_register("forward_sink_parts_merged_3", c_parts_3);
   t_register("forward_sink_parts_merged_5", c_parts_5);

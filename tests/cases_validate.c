@@ -179,6 +179,77 @@ static void forward_checks(t_case *tc, vcat which) {
   }
 }
 
+/* smla_forward_indices: the forward checks apply as to smla_forward (one spot check), plus
+ * its own: slots must be NULL, indices present, uncompacted, without outputs, and the
+ * same T and K; the convert's own checks on indices, named by the fused call. */
+static void expect_fused(t_case *tc, vfix *f, const smla_forward_params *p,
+                         const smla_convert_params *ix, smla_status want, const char *needle,
+                         const char *what) {
+  if (t_memset(tc, f->out, T_POISON, f->out_bytes)) return;
+  const smla_status s = smla_forward_indices(f->plan, p, ix, NULL);
+  t_expect_status(tc, s, want, f->ctx, needle, what);
+  if (s == SMLA_OK) return;
+  unsigned char *h = t_xmalloc(f->out_bytes);
+  if (t_sync(tc) == 0 && t_download(tc, h, f->out, f->out_bytes) == 0) {
+    size_t written = 0;
+    for (size_t i = 0; i < f->out_bytes; i++) written += h[i] != T_POISON;
+    t_expect(tc, written == 0, "%s: failed forward wrote %zu bytes of out", what, written);
+  }
+  free(h);
+}
+
+static void c_validate_forward_indices(t_case *tc) {
+  for (int b = 0; b < g_num_backends; b++) {
+    vfix f;
+    if (vfix_init(tc, b, &f)) {
+      smla_forward_params p0 = f.p;
+      p0.slots = NULL;
+      smla_convert_params x0;
+      memset(&x0, 0, sizeof x0);
+      x0.num_tokens = VT;
+      x0.topk = VK;
+      x0.req_id = (const int32_t *)(f.ints + 16384); /* zeros: request 0, block 0, slot 0 */
+      x0.block_table = (const int32_t *)(f.ints + 16384);
+      x0.num_requests = 1;
+      x0.blocks_per_request = 4;
+      x0.block_table_stride = 4;
+      x0.block_size = 16;
+      x0.local = (const int32_t *)(f.ints + 16384);
+      x0.local_stride = VK;
+      expect_fused(tc, &f, &p0, &x0, SMLA_OK, NULL, "baseline smla_forward_indices");
+      smla_forward_params p;
+      smla_convert_params x;
+      p = p0; p.slots = (const int32_t *)f.ints;
+      expect_fused(tc, &f, &p, &x0, SMLA_ERR_INVALID_ARGUMENT, "slots", "slots given");
+      expect_fused(tc, &f, &p0, NULL, SMLA_ERR_INVALID_ARGUMENT, "indices", "indices NULL");
+      x = x0; x.compact = 1;
+      expect_fused(tc, &f, &p0, &x, SMLA_ERR_INVALID_ARGUMENT, "compact", "compact = 1");
+      x = x0; x.valid = (int32_t *)(f.ints + 32768);
+      expect_fused(tc, &f, &p0, &x, SMLA_ERR_INVALID_ARGUMENT, "valid", "valid given");
+      x = x0; x.slots = (int32_t *)(f.ints + 32768);
+      expect_fused(tc, &f, &p0, &x, SMLA_ERR_INVALID_ARGUMENT, "slots", "indices->slots given");
+      x = x0; x.num_tokens = VT - 1;
+      expect_fused(tc, &f, &p0, &x, SMLA_ERR_INVALID_ARGUMENT, "num_tokens", "indices T != T");
+      x = x0; x.topk = VK - 1;
+      x.local_stride = VK;
+      expect_fused(tc, &f, &p0, &x, SMLA_ERR_INVALID_ARGUMENT, "topk", "indices K != K");
+      x = x0; x.local = NULL;
+      expect_fused(tc, &f, &p0, &x, SMLA_ERR_INVALID_ARGUMENT, "local", "local NULL");
+      x = x0; x.block_size = 0;
+      expect_fused(tc, &f, &p0, &x, SMLA_ERR_INVALID_ARGUMENT, "block_size", "block_size 0");
+      x = x0; x.local_stride = VK - 1;
+      expect_fused(tc, &f, &p0, &x, SMLA_ERR_INVALID_ARGUMENT, "local_stride", "local_stride K - 1");
+      x = x0; x.req_id = (const int32_t *)(f.ints + 16386);
+      expect_fused(tc, &f, &p0, &x, SMLA_ERR_MISALIGNED, "req_id", "req_id 2 bytes off");
+      p = p0; p.num_heads = 8;
+      expect_fused(tc, &f, &p, &x0, SMLA_ERR_PLAN_MISMATCH, "num_heads", "num_heads 8, plan 16");
+      p = p0; p.q_nope = NULL;
+      expect_fused(tc, &f, &p, &x0, SMLA_ERR_INVALID_ARGUMENT, "q_nope", "q_nope NULL");
+    }
+    vfix_free(tc, &f);
+  }
+}
+
 static void c_validate_null(t_case *tc) { forward_checks(tc, V_NULL); }
 static void c_validate_alignment(t_case *tc) { forward_checks(tc, V_ALIGN); }
 static void c_validate_strides(t_case *tc) { forward_checks(tc, V_STRIDE); }
@@ -360,6 +431,7 @@ void t_register_validate_cases(void) {
   t_register("validate_shapes_forward", c_validate_forward_shapes);
   t_register("validate_shapes_plan", c_validate_plan_shapes);
   t_register("validate_ops", c_validate_ops);
+  t_register("validate_forward_indices", c_validate_forward_indices);
   t_register("validate_metadata", c_validate_metadata);
   t_register("validate_t0", c_validate_t0);
 }

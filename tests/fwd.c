@@ -140,6 +140,70 @@ void fwd_make_inputs(fwd_problem *pb) {
   for (int h = 0; h < N; h++) pb->sink[h] = (float)t_rng_uniform(2.0, 9.0);
 }
 
+void fwd_use_indices(fwd_problem *pb, int bs, int cp_size, int cp_rank, int interleave) {
+  const int64_t T = pb->T;
+  const int K = pb->K;
+  const int cp = cp_size >= 2 ? cp_size : 1;
+  pb->use_indices = 1;
+  pb->ix_bs = bs;
+  pb->ix_cp_size = cp_size;
+  pb->ix_cp_rank = cp_rank;
+  pb->ix_cp_interleave = interleave;
+  pb->ix_R = 3;
+  /* Positions up to ~2K per request (cp x that over all ranks): blocks cover them all. */
+  pb->ix_B = (int)((2 * (int64_t)K + bs - 1) / bs) + 1;
+  pb->ix_bt_stride = pb->ix_B + 5;
+  pb->ix_local_stride = K + 3;
+  pb->ix_req = t_xmalloc((size_t)(T > 0 ? T : 1) * 4);
+  for (int64_t t = 0; t < T; t++) /* one row in ~8 with a request id out of range */
+    pb->ix_req[t] = t_rng_int(0, 7) == 0 ? (t_rng_int(0, 1) ? pb->ix_R : -1)
+                                        : (int32_t)t_rng_int(0, pb->ix_R - 1);
+  const int64_t bt_elems = t_span(pb->ix_R, pb->ix_bt_stride, pb->ix_B);
+  pb->ix_bt = t_xmalloc((size_t)bt_elems * 4);
+  for (int64_t i = 0; i < bt_elems; i++) pb->ix_bt[i] = INT32_MIN; /* gaps: never read */
+  const int64_t full_blocks = pb->S / bs; /* blocks wholly inside the cache */
+  for (int r = 0; r < pb->ix_R; r++)
+    for (int b = 0; b < pb->ix_B; b++) {
+      const int64_t u = t_rng_int(0, 99);
+      pb->ix_bt[r * pb->ix_bt_stride + b] =
+          u < 4   ? -1                                                  /* unmapped */
+          : u < 7 ? (int32_t)(full_blocks + t_rng_int(1, 3))            /* past the cache */
+                  : (int32_t)t_rng_int(0, full_blocks > 0 ? full_blocks - 1 : 0);
+    }
+  const int64_t local_elems = t_span(T, pb->ix_local_stride, K);
+  pb->ix_local = t_xmalloc((size_t)local_elems * 4);
+  for (int64_t i = 0; i < local_elems; i++) pb->ix_local[i] = INT32_MIN; /* gaps */
+  const int64_t npos = (int64_t)pb->ix_B * bs * cp; /* positions over all ranks */
+  for (int64_t t = 0; t < T; t++)
+    for (int k = 0; k < K; k++) {
+      const int64_t u = t_rng_int(0, 99);
+      pb->ix_local[t * pb->ix_local_stride + k] =
+          u < 3   ? -1
+          : u < 5 ? (int32_t)-t_rng_int(2, 1000)          /* negative: invalid, not bad */
+          : u < 7 ? (int32_t)(npos + t_rng_int(0, 500))    /* past the block table */
+                  : (int32_t)t_rng_int(0, npos - 1);
+    }
+  smla_convert_params c;
+  memset(&c, 0, sizeof c);
+  c.num_tokens = T;
+  c.topk = K;
+  c.req_id = pb->ix_req;
+  c.block_table = pb->ix_bt;
+  c.num_requests = pb->ix_R;
+  c.blocks_per_request = pb->ix_B;
+  c.block_table_stride = pb->ix_bt_stride;
+  c.block_size = bs;
+  c.local = pb->ix_local;
+  c.local_stride = pb->ix_local_stride;
+  c.cp_size = cp_size;
+  c.cp_rank = cp_rank;
+  c.cp_interleave = interleave;
+  int32_t *dense = t_xmalloc((size_t)(T > 0 ? T : 1) * (size_t)K * 4);
+  ref_convert(&c, dense, NULL);
+  for (int64_t t = 0; t < T; t++) memcpy(fwd_slot_row(pb, t), dense + t * K, (size_t)K * 4);
+  free(dense);
+}
+
 /* Rows no used entry points at: NaN in every value (and scale), so reading one shows. */
 static void nan_row(const fwd_problem *pb, uint8_t *row) {
   const int dr = pb->dr;
@@ -262,6 +326,10 @@ void fwd_free(fwd_problem *pb) {
   free(pb->lengths);
   free(pb->sink);
   free(pb->cache);
+  free(pb->ix_req);
+  free(pb->ix_bt);
+  free(pb->ix_local);
+  pb->ix_req = pb->ix_bt = pb->ix_local = NULL;
   pb->qn_buf = pb->qp_buf = NULL;
   pb->slots = pb->lengths = NULL;
   pb->sink = NULL;
@@ -342,6 +410,7 @@ static smla_status exec_core(smla_context *ctx, int dev, const fwd_problem *pb,
   smla_status st = SMLA_ERR_INTERNAL; /* harness failures; err then starts "test harness" */
   void *d_qn = NULL, *d_qp = NULL, *d_cache = NULL, *d_slots = NULL, *d_len = NULL;
   void *d_sink = NULL, *d_out = NULL, *d_lse = NULL, *d_ml = NULL, *d_bad = NULL, *ws = NULL;
+  void *d_req = NULL, *d_bt = NULL, *d_local = NULL;
   smla_plan *plan = NULL;
   const int64_t T = pb->T, N = pb->N;
   const uint64_t zero = 0;
@@ -372,6 +441,11 @@ static smla_status exec_core(smla_context *ctx, int dev, const fwd_problem *pb,
   UPLOAD(d_slots, pb->slots, (size_t)pb->slots_elems * 4);
   if (pb->use_lengths) UPLOAD(d_len, pb->lengths, (size_t)(T > 0 ? T : 1) * 4);
   if (pb->use_sink) UPLOAD(d_sink, pb->sink, (size_t)N * 4);
+  if (pb->use_indices) {
+    UPLOAD(d_req, pb->ix_req, (size_t)(T > 0 ? T : 1) * 4);
+    UPLOAD(d_bt, pb->ix_bt, (size_t)t_span(pb->ix_R, pb->ix_bt_stride, pb->ix_B) * 4);
+    UPLOAD(d_local, pb->ix_local, (size_t)t_span(T, pb->ix_local_stride, pb->K) * 4);
+  }
   UPLOAD(d_bad, &zero, 8);
   POISONED(d_out, (size_t)res->out_elems * 2);
   if (pb->want_lse) POISONED(d_lse, (size_t)res->lse_elems * 4);
@@ -414,9 +488,29 @@ static smla_status exec_core(smla_context *ctx, int dev, const fwd_problem *pb,
     goto done;
   }
   snprintf(res->describe, sizeof res->describe, "%s", smla_plan_describe(plan));
-  const smla_forward_params p = params_for(pb, d_qn, d_qp, d_cache, d_slots, d_len, d_sink,
-                                           d_out, d_lse, d_ml, d_bad);
-  s = smla_forward(plan, &p, NULL);
+  smla_forward_params p = params_for(pb, d_qn, d_qp, d_cache, d_slots, d_len, d_sink, d_out,
+                                     d_lse, d_ml, d_bad);
+  smla_convert_params ix;
+  memset(&ix, 0, sizeof ix);
+  if (pb->use_indices) {
+    p.slots = NULL;
+    ix.num_tokens = T;
+    ix.topk = pb->K;
+    ix.req_id = d_req;
+    ix.block_table = d_bt;
+    ix.num_requests = pb->ix_R;
+    ix.blocks_per_request = pb->ix_B;
+    ix.block_table_stride = pb->ix_bt_stride;
+    ix.block_size = pb->ix_bs;
+    ix.local = d_local;
+    ix.local_stride = pb->ix_local_stride;
+    ix.cp_size = pb->ix_cp_size;
+    ix.cp_rank = pb->ix_cp_rank;
+    ix.cp_interleave = pb->ix_cp_interleave;
+  }
+#define RUN()                                                                              \
+  (pb->use_indices ? smla_forward_indices(plan, &p, &ix, NULL) : smla_forward(plan, &p, NULL))
+  s = RUN();
   if (s != SMLA_OK) {
     snprintf(err, err_bytes, "smla_forward returned %s (%s) [plan: %s]", smla_status_string(s),
              smla_context_message(ctx), res->describe);
@@ -447,7 +541,7 @@ static smla_status exec_core(smla_context *ctx, int dev, const fwd_problem *pb,
       snprintf(err, err_bytes, "test harness: re-poison: %s", dm_error());
       goto done;
     }
-    s = smla_forward(plan, &p, NULL);
+    s = RUN();
     if (s != SMLA_OK) {
       snprintf(err, err_bytes, "second smla_forward on the same plan returned %s (%s)",
                smla_status_string(s), smla_context_message(ctx));
@@ -465,9 +559,13 @@ static smla_status exec_core(smla_context *ctx, int dev, const fwd_problem *pb,
       goto done;
     }
   }
+#undef RUN
   st = SMLA_OK;
 done:
   smla_plan_destroy(plan);
+  dm_free(dev, d_req);
+  dm_free(dev, d_bt);
+  dm_free(dev, d_local);
   dm_free(dev, ws);
   dm_free(dev, d_qn);
   dm_free(dev, d_qp);
@@ -624,6 +722,17 @@ void fwd_run(t_case *tc, fwd_problem *pb) {
           fwd_ref_free(&cr);
         }
         fwd_result_free(&port);
+      }
+    }
+    /* smla_forward_indices is smla_forward on the converted slots: bitwise the same. */
+    if (pb->use_indices) {
+      fwd_problem two = *pb;
+      two.use_indices = 0;
+      two.repeat = 0;
+      fwd_result plain;
+      if (fwd_exec(tc, &two, &plain)) {
+        fwd_check_same(tc, pb, &res, &plain, "smla_forward on the converted slots");
+        fwd_result_free(&plain);
       }
     }
     if (b == T_CPU) {

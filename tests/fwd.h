@@ -59,12 +59,27 @@ typedef struct {
   int32_t *lengths;                   /* [T] */
   float *sink;                        /* [N] */
   uint8_t *cache;                     /* [S][row_bytes] */
+  /* smla_forward_indices (fwd_use_indices): the forward reads request-local indices and a
+   * block table instead of slots; pb->slots holds their conversion (what the reference
+   * and the bitwise comparison with smla_forward read). */
+  int use_indices;
+  int ix_R, ix_B, ix_bs, ix_cp_size, ix_cp_rank, ix_cp_interleave;
+  int64_t ix_bt_stride, ix_local_stride;
+  int32_t *ix_req;                    /* [T] */
+  int32_t *ix_bt;                     /* span(R, bt_stride, B) */
+  int32_t *ix_local;                  /* span(T, local_stride, K) */
 } fwd_problem;
 
 /* Dense layout, BF16-style defaults: S = 2K + 61 (>= 128), sm_scale = 6 / sqrt(Dqk)
  * (peaked, not one-hot, for q and latent uniform in [-1, 1]), lse + max_logit + bad on. */
 void fwd_defaults(fwd_problem *pb, int64_t T, int N, int K, int dr, smla_cache_format format);
 void fwd_make_inputs(fwd_problem *pb);
+/* After fwd_make_inputs, before fwd_make_cache: request-local indices over blocks of bs
+ * slots (cp_size >= 2: rank cp_rank's share, runs of `interleave`), with every kind of
+ * invalid entry (negative positions, positions past the block table, -1 blocks, request
+ * ids out of range, blocks past the cache: bad inputs), and pb->slots := their conversion
+ * by the reference convert. */
+void fwd_use_indices(fwd_problem *pb, int bs, int cp_size, int cp_rank, int interleave);
 /* Returns 0, or -1 after recording a failure (smla_cache_write on the CPU failed). */
 int fwd_make_cache(t_case *tc, fwd_problem *pb);
 void fwd_free(fwd_problem *pb);

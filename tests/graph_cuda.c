@@ -20,6 +20,11 @@
 #define G_SLOTS 1024   /* rows written; rows >= G_USED are NaN and never referenced */
 #define G_USED 768
 #define G_REPLAYS 4
+/* smla_forward_indices replays: G_R requests of G_B blocks of G_BS slots; block ids map
+ * into the written rows (< G_USED / G_BS) or past the cache (bad inputs), or are -1. */
+#define G_R 3
+#define G_BS 16
+#define G_B 40
 #define G_OUT_TOL 1e-2 /* per (t, h): |out - ref| / max(|ref|, 1e-3) over the row (bf16 P) */
 #define G_LSE_TOL 1e-3
 #define G_MAX_REPORTS 8
@@ -76,6 +81,33 @@ static void fresh_indices(int32_t *slots, int32_t *lengths) {
   }
 }
 
+/* New request ids, block table and request-local positions (every kind of invalid one),
+ * and lengths, for smla_forward_indices. */
+static void fresh_fused(int32_t *req, int32_t *bt, int32_t *local, int32_t *lengths) {
+  for (int t = 0; t < G_T; t++) {
+    const unsigned r = rnd() % 8;
+    req[t] = r == 0 ? G_R : r == 1 ? -1 : (int32_t)(rnd() % G_R);
+  }
+  for (int i = 0; i < G_R * G_B; i++) {
+    const unsigned r = rnd() % 100;
+    bt[i] = r < 85   ? (int32_t)(rnd() % (G_USED / G_BS))
+            : r < 92 ? -1
+                     : G_SLOTS / G_BS + (int32_t)(rnd() % 4); /* past the cache: bad */
+  }
+  for (int t = 0; t < G_T; t++)
+    for (int k = 0; k < G_K; k++) {
+      const unsigned r = rnd() % 100;
+      local[t * G_K + k] = r < 88   ? (int32_t)(rnd() % (G_B * G_BS))
+                           : r < 93 ? -1
+                           : r < 97 ? G_B * G_BS + (int32_t)(rnd() % 100)
+                                    : -2 - (int32_t)(rnd() % 100);
+    }
+  for (int t = 0; t < G_T; t++) {
+    const unsigned r = rnd() % 4;
+    lengths[t] = r == 0 ? G_K : (int32_t)(rnd() % (G_K + 1));
+  }
+}
+
 static void compare(const uint16_t *out, const float *lse, const float *mx, const uint16_t *ro,
                     const float *rl, const float *rm, int replay) {
   for (int t = 0; t < G_T; t++)
@@ -109,7 +141,10 @@ static void compare(const uint16_t *out, const float *lse, const float *mx, cons
 
 static smla_context *gctx; /* for SM()'s message */
 
-static void run_format(smla_cache_format format) {
+/* fused: the captured call is smla_forward_indices, replayed with request ids, block table
+ * and positions rewritten in place; the reference is smla_convert_indices then
+ * smla_forward on the CPU. */
+static void run_format(smla_cache_format format, int fused) {
   smla_context *gpu = NULL, *cpu = NULL;
   smla_plan *gplan = NULL, *cplan = NULL, *extra = NULL;
   cudaStream_t stream = NULL;
@@ -123,12 +158,17 @@ static void run_format(smla_cache_format format) {
   int64_t *h_slot = malloc(G_SLOTS * sizeof(int64_t));
   uint8_t *h_cache = malloc(G_SLOTS * row_bytes);
   int32_t *h_slots = malloc((size_t)G_T * G_K * 4), h_len[G_T];
+  int32_t h_req[G_T], h_bt[G_R * G_B], *h_local = malloc((size_t)G_T * G_K * 4);
   uint16_t *h_out = malloc(o_elems * 2), *r_out = malloc(o_elems * 2);
   float h_lse[G_T * G_N], h_max[G_T * G_N], r_lse[G_T * G_N], r_max[G_T * G_N];
   uint64_t h_bad = 0, r_bad = 0;
   void *d_q = NULL, *d_kv = NULL, *d_pe = NULL, *d_slot = NULL, *d_cache = NULL, *d_slots = NULL;
   void *d_len = NULL, *d_out = NULL, *d_lse = NULL, *d_max = NULL, *d_bad = NULL;
-  if (!h_q || !h_kv || !h_pe || !h_slot || !h_cache || !h_slots || !h_out || !r_out) {
+  void *d_req = NULL, *d_bt = NULL, *d_local = NULL;
+  smla_convert_params ix;
+  memset(&ix, 0, sizeof ix);
+  if (!h_q || !h_kv || !h_pe || !h_slot || !h_cache || !h_slots || !h_out || !r_out ||
+      !h_local) {
     printf("graph_cuda: FAIL out of host memory\n");
     g_fail++;
     goto done;
@@ -155,6 +195,9 @@ static void run_format(smla_cache_format format) {
   CU(cudaMalloc(&d_lse, G_T * G_N * 4));
   CU(cudaMalloc(&d_max, G_T * G_N * 4));
   CU(cudaMalloc(&d_bad, 8));
+  CU(cudaMalloc(&d_req, sizeof h_req));
+  CU(cudaMalloc(&d_bt, sizeof h_bt));
+  CU(cudaMalloc(&d_local, (size_t)G_T * G_K * 4));
   CU(cudaMemcpy(d_q, h_q, q_elems * 2, cudaMemcpyHostToDevice));
   CU(cudaMemcpy(d_kv, h_kv, (size_t)G_SLOTS * SMLA_DC * 2, cudaMemcpyHostToDevice));
   CU(cudaMemcpy(d_pe, h_pe, (size_t)G_SLOTS * G_DR * 2, cudaMemcpyHostToDevice));
@@ -220,6 +263,17 @@ static void run_format(smla_cache_format format) {
   f.q_nope = d_q, f.q_pe = (uint16_t *)d_q + SMLA_DC;
   f.cache.data = d_cache, f.slots = d_slots, f.lengths = d_len, f.out = d_out, f.lse = d_lse;
   f.max_logit = d_max, f.bad_inputs = d_bad;
+  ix.num_tokens = G_T;
+  ix.topk = G_K;
+  ix.req_id = d_req;
+  ix.block_table = d_bt;
+  ix.num_requests = G_R;
+  ix.blocks_per_request = G_B;
+  ix.block_table_stride = G_B;
+  ix.block_size = G_BS;
+  ix.local = d_local;
+  ix.local_stride = G_K;
+  if (fused) f.slots = NULL;
 
   /* Capture: plan creation refused, forward recorded, capture still valid after. */
   CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
@@ -232,15 +286,34 @@ static void run_format(smla_cache_format format) {
       g_fail++;
     }
   }
-  SM(smla_forward(gplan, &f, stream), SMLA_OK);
+  if (fused)
+    SM(smla_forward_indices(gplan, &f, &ix, stream), SMLA_OK);
+  else
+    SM(smla_forward(gplan, &f, stream), SMLA_OK);
   capturing = 0;
   CU(cudaStreamEndCapture(stream, &graph));
   CU(cudaGraphInstantiate(&exec, graph, 0));
 
   for (int rep = 0; rep < G_REPLAYS; rep++) {
-    fresh_indices(h_slots, h_len);
+    if (fused) {
+      fresh_fused(h_req, h_bt, h_local, h_len);
+      CU(cudaMemcpyAsync(d_req, h_req, sizeof h_req, cudaMemcpyHostToDevice, stream));
+      CU(cudaMemcpyAsync(d_bt, h_bt, sizeof h_bt, cudaMemcpyHostToDevice, stream));
+      CU(cudaMemcpyAsync(d_local, h_local, (size_t)G_T * G_K * 4, cudaMemcpyHostToDevice,
+                         stream));
+      /* the reference slots: the CPU's convert of the same indices */
+      smla_convert_params hx = ix;
+      hx.req_id = h_req, hx.block_table = h_bt, hx.local = h_local;
+      hx.slots = h_slots, hx.slots_stride = G_K;
+      gctx = cpu;
+      SM(smla_convert_indices(cpu, &hx, NULL), SMLA_OK);
+      gctx = gpu;
+    } else {
+      fresh_indices(h_slots, h_len);
+      CU(cudaMemcpyAsync(d_slots, h_slots, (size_t)G_T * G_K * 4, cudaMemcpyHostToDevice,
+                         stream));
+    }
     h_bad = 0;
-    CU(cudaMemcpyAsync(d_slots, h_slots, (size_t)G_T * G_K * 4, cudaMemcpyHostToDevice, stream));
     CU(cudaMemcpyAsync(d_len, h_len, G_T * 4, cudaMemcpyHostToDevice, stream));
     CU(cudaMemcpyAsync(d_bad, &h_bad, 8, cudaMemcpyHostToDevice, stream));
     CU(cudaMemsetAsync(d_out, 0xff, o_elems * 2, stream)); /* poison: NaN */
@@ -255,7 +328,7 @@ static void run_format(smla_cache_format format) {
 
     smla_forward_params c = f;
     c.q_nope = h_q, c.q_pe = h_q + SMLA_DC;
-    c.cache.data = h_cache, c.slots = h_slots, c.lengths = h_len;
+    c.cache.data = h_cache, c.slots = h_slots, c.slots_stride = G_K, c.lengths = h_len;
     c.out = r_out, c.lse = r_lse, c.max_logit = r_max, c.bad_inputs = &r_bad;
     r_bad = 0;
     gctx = cpu;
@@ -281,11 +354,12 @@ done:
   smla_context_destroy(gpu);
   smla_context_destroy(cpu);
   gctx = NULL;
-  void *dev[] = {d_q, d_kv, d_pe, d_slot, d_cache, d_slots, d_len, d_out, d_lse, d_max, d_bad};
+  void *dev[] = {d_q,   d_kv,  d_pe,  d_slot, d_cache, d_slots, d_len,
+                 d_out, d_lse, d_max, d_bad,  d_req,   d_bt,    d_local};
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
     if (dev[i]) (void)cudaFree(dev[i]);
   free(h_q), free(h_kv), free(h_pe), free(h_slot), free(h_cache), free(h_slots);
-  free(h_out), free(r_out);
+  free(h_out), free(r_out), free(h_local);
 }
 
 int smla_test_cuda_graph(uint64_t seed) {
@@ -297,9 +371,12 @@ int smla_test_cuda_graph(uint64_t seed) {
   g_reports = 0;
   g_rng = (unsigned)(seed ^ (seed >> 32)) * 2654435761u + 12345u;
   if (!g_rng) g_rng = 1;
-  run_format(SMLA_CACHE_BF16);
-  run_format(SMLA_CACHE_FP8_DS);
-  printf("graph_cuda: %s (%d failure%s; bf16 and fp8-ds, %d replays each)\n",
+  run_format(SMLA_CACHE_BF16, 0);
+  run_format(SMLA_CACHE_FP8_DS, 0);
+  run_format(SMLA_CACHE_BF16, 1);
+  run_format(SMLA_CACHE_FP8_DS, 1);
+  printf("graph_cuda: %s (%d failure%s; smla_forward and smla_forward_indices, bf16 and "
+         "fp8-ds, %d replays each)\n",
          g_fail ? "FAILED" : "ok", g_fail, g_fail == 1 ? "" : "s", G_REPLAYS);
   return g_fail;
 }

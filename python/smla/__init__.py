@@ -6,6 +6,8 @@ tensors (CPU or CUDA) or numpy arrays (CPU) with keyword arguments:
     smla.convert_indices(req_id, block_table, local, block_size=64)   -> slots
     smla.cache_write(kv_c, k_pe, slot, cache)                          -> None (in place)
     smla.forward(q_nope, q_pe, cache, slots, sm_scale=..., return_lse=True) -> out, lse
+    smla.forward_indices(q_nope, q_pe, cache, req_id, block_table, local, block_size=64)
+                                      -> out (the two above in one call, one launch on a GPU)
     smla.merge_states(out_p, lse_p)                                    -> out
     smla.build_metadata(query_start_loc, seq_lens, num_tokens=T, topk=K)
                                                                        -> req_id, ctx_len, limit
@@ -22,7 +24,7 @@ from . import _lib
 from ._arrays import bf16_from_f32, f32_from_bf16, np_empty as empty_aligned, torch as _torch
 from ._lib import SmlaError, library_path
 from ._ops import (KVCache, Plan, build_metadata, cache_write, convert_indices, forward,
-                   merge_states, prepare_plans, set_num_threads)
+                   forward_indices, merge_states, prepare_plans, set_num_threads)
 
 __version__ = "0.3.0"
 
@@ -63,7 +65,7 @@ from . import compat  # noqa: E402,F401
 __all__ = [
     "KVCache", "Plan", "SmlaError", "bf16_from_f32", "build_features", "build_metadata",
     "cache_row_size", "cache_write", "compat", "convert_indices", "empty_aligned",
-    "f32_from_bf16", "forward", "has_cuda", "library_path", "merge_states", "prepare_plans",
+    "f32_from_bf16", "forward", "forward_indices", "has_cuda", "library_path", "merge_states", "prepare_plans",
     "set_num_threads", "version", "CACHE_BF16", "CACHE_FP8_TENSOR", "CACHE_FP8_DS",
     "PLAN_BATCH_INVARIANT", "PLAN_PORTABLE", "PLAN_SEPARATE_MERGE", "DC", "MAX_HEADS", "HAVE_TORCH",
 ]

@@ -291,6 +291,7 @@ _proto = {
     "smla_plan_destroy": (None, [_P]),
     "smla_plan_describe": (c_char_p, [_P]),
     "smla_forward": (c_int, [_P, _P, _P]),
+    "smla_forward_indices": (c_int, [_P, _P, _P, _P]),
     "smla_merge_states": (c_int, [_P, _P, _P]),
     "smla_build_metadata": (c_int, [_P, _P]),
 }

@@ -517,6 +517,37 @@ def forward(q_nope, q_pe=None, cache=None, slots=None, *, sm_scale=None, lengths
     return (out, max_logit) if want_max else out
 
 
+def forward_indices(q_nope, q_pe, cache, req_id, block_table, local, *, block_size,
+                    cp_size=0, cp_rank=0, cp_interleave=1, sm_scale=None, lengths=None,
+                    softcap=0.0, sink=None, format=None, dr=None, scale=None,
+                    return_lse=False, return_max_logit=False, out=None, lse=None,
+                    max_logit=None, bad_inputs=None, plan=None, stream=None):
+    """A decode step's index conversion and forward in one call (one launch on a GPU):
+    exactly convert_indices(req_id, block_table, local, block_size=..., cp_...) (not
+    compacted) followed by forward() on those slots, without the slots tensor.
+
+    req_id: [T] int32; block_table: [R, B] int32 (any row stride); local: [T, K] int32
+    request-local positions (any row stride); block_size, cp_size, cp_rank, cp_interleave:
+    as in convert_indices. Every other argument and the result: as in forward(). Inside a
+    CUDA graph the three index tensors may be rewritten in place between replays. Under
+    torch.compile this is the smla::forward_indices custom op."""
+    if _is_compiling is not None and _is_compiling() and isinstance(q_nope, Tensor):
+        return _traced().forward_indices_traced(
+            q_nope, q_pe, cache, req_id, block_table, local, block_size, cp_size, cp_rank,
+            cp_interleave, sm_scale, lengths, softcap, sink, format, dr, scale, return_lse,
+            return_max_logit, out, lse, max_logit, bad_inputs, plan)
+    want_lse = return_lse or lse is not None
+    want_max = return_max_logit or max_logit is not None
+    out, lse, max_logit = forward_into(
+        q_nope, q_pe, cache, local, sm_scale, lengths, softcap, sink, format, dr, scale,
+        want_lse, want_max, out, lse, max_logit, bad_inputs, plan, stream,
+        fn="forward_indices", fast=False,
+        ix=(req_id, block_table, block_size, cp_size, cp_rank, cp_interleave))
+    if want_lse:
+        return (out, lse, max_logit) if want_max else (out, lse)
+    return (out, max_logit) if want_max else out
+
+
 def _row_stat_out(x, want, like, fn, name, kind, dev, T, N):
     """A [T, N] float32 per-row output (lse, max_logit) of forward: (pointer, row stride,
     array). Allocated like `like` when not given; (0, 0, None) when not wanted."""
@@ -536,10 +567,12 @@ def _row_stat_out(x, want, like, fn, name, kind, dev, T, N):
 
 def forward_into(q_nope, q_pe, cache, slots, sm_scale, lengths, softcap, sink, format, dr,
                  scale, want_lse, want_max, out, lse, max_logit, bad_inputs, plan, stream,
-                 fn="forward", fast=True):
+                 fn="forward", fast=True, ix=None):
     """forward()'s eager body: checks, allocates what is missing, launches. -> (out, lse,
-    max_logit), None for outputs not asked for."""
-    if fast and isinstance(q_nope, Tensor):
+    max_logit), None for outputs not asked for. ix = (req_id, block_table, block_size,
+    cp_size, cp_rank, cp_interleave): forward_indices (slots are then the request-local
+    positions, converted inside the call)."""
+    if fast and ix is None and isinstance(q_nope, Tensor):
         r = _forward_torch_fast(q_nope, q_pe, cache, slots, sm_scale, lengths, softcap, sink,
                                 format, dr, want_lse, want_max, out, lse, max_logit,
                                 bad_inputs, plan, stream)
@@ -571,10 +604,20 @@ def forward_into(q_nope, q_pe, cache, slots, sm_scale, lengths, softcap, sink, f
         if ps[0] != T or ps[1] != N or ps[2] != cdr:
             fail(fn, "q_pe", "expected shape [%d, %d, %d] (T, N, dr of the cache), got %s"
                  % (T, N, cdr, tuple(ps)))
-    sp, ss, sst, skeep = arg(slots, fn, "slots", _I32, 2, kind, dev)
+    sname = "slots" if ix is None else "local"
+    sp, ss, sst, skeep = arg(slots, fn, sname, _I32, 2, kind, dev)
     if ss[0] != T:
-        fail(fn, "slots", "expected [T=%d, K], got shape %s" % (T, tuple(ss)))
+        fail(fn, sname, "expected [T=%d, K], got shape %s" % (T, tuple(ss)))
     K = ss[1]
+    if ix is not None:
+        req_id, block_table, block_size, cp_size, cp_rank, cp_interleave = ix
+        rp, rs, _, _ = arg(req_id, fn, "req_id", _I32, 1, kind, dev)
+        if rs[0] != T:
+            fail(fn, "req_id", "expected shape [%d] (T), got %s" % (T, tuple(rs)))
+        bp, bs_, bst, _ = arg(block_table, fn, "block_table", _I32, 2, kind, dev)
+        conv = _lib.smla_convert_params(T, K, rp, bp, bs_[0], bs_[1], bst[0], int(block_size),
+                                        sp, sst[0], None, 0, None, 0, int(cp_size),
+                                        int(cp_rank), int(cp_interleave))
     if lengths is not None:
         lp, ls, _, _ = arg(lengths, fn, "lengths", _I32, 1, kind, dev)
         if ls[0] != T:
@@ -616,9 +659,13 @@ def forward_into(q_nope, q_pe, cache, slots, sm_scale, lengths, softcap, sink, f
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(DC + cdr)
     _FWD.pack_into(plan._params, 0, T, N, K, qp, qst[0], qst[1], pp, pst[0], pst[1],
-                   fmt, cdr, S, row_bytes, cp, cscale, sp, sst[0], lp, sm_scale, softcap,
-                   kp, op, ost[0], ost[1], ep, est, mp, mst, bp)
-    s = L.smla_forward(plan._handle, plan._addr, _stream(stream, dev) if dev >= 0 else None)
+                   fmt, cdr, S, row_bytes, cp, cscale, 0 if ix is not None else sp, sst[0], lp,
+                   sm_scale, softcap, kp, op, ost[0], ost[1], ep, est, mp, mst, bp)
+    st = _stream(stream, dev) if dev >= 0 else None
+    if ix is not None:
+        s = L.smla_forward_indices(plan._handle, plan._addr, ctypes.byref(conv), st)
+    else:
+        s = L.smla_forward(plan._handle, plan._addr, st)
     if s:
         _lib.check(s, plan._ctx)
     return out, lse, max_logit

@@ -6,6 +6,10 @@ Registered at `import smla` when torch is present:
                 scale, sm_scale, softcap, want_lse, want_max_logit, plan_id)
                 -> (out, lse, max_logit)          [lse / max_logit are empty when not asked]
   smla::forward_out(..., out, lse?, max_logit?, ...)   mutates out, lse, max_logit
+  smla::forward_indices_out(q_nope, q_pe?, cache, req_id, block_table, local, lengths?,
+                            sink?, bad_inputs?, out, lse?, max_logit?, block_size, cp_size,
+                            cp_rank, cp_interleave, format, dr, scale, sm_scale, softcap,
+                            plan_id)   mutates out, lse, max_logit
   smla::convert_indices(req_id, block_table, local, block_size, compact, want_valid,
                         cp_size, cp_rank, cp_interleave) -> (slots, valid)
   smla::convert_indices_out(req_id, block_table, local, slots, valid?, block_size, compact,
@@ -95,6 +99,31 @@ if HAVE_CUSTOM_OP:
     @forward_out_op.register_fake
     def _forward_out_fake(q_nope, q_pe, cache, slots, lengths, sink, bad_inputs, out, lse,
                           max_logit, format, dr, scale, sm_scale, softcap, plan_id):
+        return None
+
+    @custom_op("smla::forward_indices_out",
+               mutates_args=("out", "lse", "max_logit", "bad_inputs"))
+    def forward_indices_out_op(q_nope: Tensor, q_pe: Optional[Tensor], cache: Tensor,
+                               req_id: Tensor, block_table: Tensor, local: Tensor,
+                               lengths: Optional[Tensor], sink: Optional[Tensor],
+                               bad_inputs: Optional[Tensor], out: Tensor, lse: Optional[Tensor],
+                               max_logit: Optional[Tensor], block_size: int, cp_size: int,
+                               cp_rank: int, cp_interleave: int, format: int, dr: int,
+                               scale: float, sm_scale: float, softcap: float,
+                               plan_id: int) -> None:
+        _ops.forward_into(q_nope, q_pe, cache, local, sm_scale, lengths, softcap, sink, format,
+                          dr, scale, lse is not None, max_logit is not None, out, lse,
+                          max_logit, bad_inputs,
+                          _ops.plan_by_id(plan_id) if plan_id else None, None,
+                          fn="forward_indices", fast=False,
+                          ix=(req_id, block_table, block_size, cp_size, cp_rank,
+                              cp_interleave))
+
+    @forward_indices_out_op.register_fake
+    def _forward_indices_out_fake(q_nope, q_pe, cache, req_id, block_table, local, lengths,
+                                  sink, bad_inputs, out, lse, max_logit, block_size, cp_size,
+                                  cp_rank, cp_interleave, format, dr, scale, sm_scale, softcap,
+                                  plan_id):
         return None
 
     # ---- convert indices --------------------------------------------------------------------
@@ -213,6 +242,32 @@ def forward_traced(q_nope, q_pe, cache, slots, sm_scale, lengths, softcap, sink,
         torch.ops.smla.forward_out(q_nope, q_pe, data, slots, lengths, sink, bad_inputs, out,
                                    lse, max_logit, fmt, d, float(sc), float(sm_scale),
                                    float(softcap), pid)
+    if want_lse:
+        return (out, lse, max_logit) if want_max else (out, lse)
+    return (out, max_logit) if want_max else out
+
+
+def forward_indices_traced(q_nope, q_pe, cache, req_id, block_table, local, block_size,
+                           cp_size, cp_rank, cp_interleave, sm_scale, lengths, softcap, sink,
+                           format, dr, scale, return_lse, return_max_logit, out, lse,
+                           max_logit, bad_inputs, plan):
+    _need_ops()
+    data, fmt, d, sc = _cache_args(cache, format, dr, scale, "forward_indices")
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(DC + d)
+    want_lse = return_lse or lse is not None
+    want_max = return_max_logit or max_logit is not None
+    T, N = q_nope.shape[0], q_nope.shape[1]
+    if out is None:
+        out = q_nope.new_empty((T, N, DC), dtype=torch.bfloat16)
+    if want_lse and lse is None:
+        lse = q_nope.new_empty((T, N), dtype=torch.float32)
+    if want_max and max_logit is None:
+        max_logit = q_nope.new_empty((T, N), dtype=torch.float32)
+    torch.ops.smla.forward_indices_out(
+        q_nope, q_pe, data, req_id, block_table, local, lengths, sink, bad_inputs, out, lse,
+        max_logit, int(block_size), int(cp_size), int(cp_rank), int(cp_interleave), fmt, d,
+        float(sc), float(sm_scale), float(softcap), plan.id if plan is not None else 0)
     if want_lse:
         return (out, lse, max_logit) if want_max else (out, lse)
     return (out, max_logit) if want_max else out

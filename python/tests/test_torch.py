@@ -576,3 +576,105 @@ def test_cache_write_nope_takes_a_zero_width_k_pe(device):
     assert torch.equal(a, b) and a.any()
     with pytest.raises(ValueError, match=r"k_pe: a NoPE \(dr=0\) cache takes None or a zero-width"):
         smla.cache_write(kv_c, kv_c[:, :8], slot, smla.KVCache(b, format="bf16", dr=0))
+
+
+# ---- forward_indices: the conversion inside the forward ------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N,cp", [(16, (0, 0, 1)), (64, (2, 1, 4))])
+def test_forward_indices_is_convert_then_forward(device, N, cp):
+    """forward_indices == convert_indices (same cp filter) then forward on those slots,
+    bitwise (same plan, same kernel), with invalid entries of every kind."""
+    a = layer_inputs(device, N=N, K=96)
+    gen = torch.Generator().manual_seed(5)
+    a["local"] = torch.randint(-3, 150, a["local"].shape, generator=gen,
+                               dtype=torch.int32).to(device)
+    a["req_id"] = torch.tensor([0, 2, 1], dtype=torch.int32).to(device)  # 2: out of range
+    a["block_table"][1, 2] = -1
+    sink = torch.randn(N, generator=gen).to(device)
+    plan = smla.Plan(N, 96, 64, "bf16", max_tokens=3, device=device)
+    bad1 = torch.zeros(1, dtype=torch.int64, device=device)
+    bad2 = torch.zeros(1, dtype=torch.int64, device=device)
+    kw = dict(lengths=a["lengths"], sink=sink, format="bf16", return_lse=True,
+              return_max_logit=True, plan=plan)
+    got = smla.forward_indices(a["q"], None, a["cache"], a["req_id"], a["block_table"],
+                               a["local"], block_size=16, cp_size=cp[0], cp_rank=cp[1],
+                               cp_interleave=cp[2], bad_inputs=bad1, **kw)
+    slots = smla.convert_indices(a["req_id"], a["block_table"], a["local"], block_size=16,
+                                 cp_size=cp[0], cp_rank=cp[1], cp_interleave=cp[2])
+    want = smla.forward(a["q"], None, a["cache"], slots, bad_inputs=bad2, **kw)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    assert torch.equal(bad1, bad2)
+    r_s = ref_convert(a["req_id"].cpu().numpy(), a["block_table"].cpu().numpy(),
+                      a["local"].cpu().numpy(), 16, False, cp=cp if cp[0] >= 2 else None)[0]
+    assert torch.equal(slots.cpu(), torch.from_numpy(r_s))
+    assert (slots == -1).any() and (slots >= 0).any()
+
+
+def test_forward_indices_errors():
+    a = layer_inputs("cpu")
+    with pytest.raises(ValueError, match="req_id"):
+        smla.forward_indices(a["q"], None, a["cache"], a["req_id"][:2], a["block_table"],
+                             a["local"], block_size=16, format="bf16")
+    with pytest.raises(smla.SmlaError, match="block_size"):
+        smla.forward_indices(a["q"], None, a["cache"], a["req_id"], a["block_table"],
+                             a["local"], block_size=0, format="bf16")
+
+
+@needs_custom_op
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_indices_compiles_fullgraph(device):
+    torch._dynamo.reset()
+    a = layer_inputs(device)
+
+    def step(q, cache, req_id, block_table, local, lengths):
+        return smla.forward_indices(q * 1.0, None, cache, req_id, block_table, local,
+                                    block_size=16, lengths=lengths, format="bf16",
+                                    return_lse=True)
+    args = (a["q"], a["cache"], a["req_id"], a["block_table"], a["local"], a["lengths"])
+    want = step(*args)
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(*args)
+    same(got[0], want[0])
+    same(got[1], want[1])
+
+
+@needs_cuda
+def test_forward_indices_cuda_graph_rewritten_in_place():
+    """The fused step captured once; request ids, block table, positions and lengths
+    rewritten in place between replays; each replay equals convert + forward."""
+    dev = "cuda"
+    st = layer_inputs(dev, N=16, K=64)
+    T, N = st["q"].shape[0], st["q"].shape[1]
+    out = torch.empty((T, N, DC), dtype=torch.bfloat16, device=dev)
+    lse = torch.empty((T, N), device=dev)
+
+    def step():
+        smla.forward_indices(st["q"], None, st["cache"], st["req_id"], st["block_table"],
+                             st["local"], block_size=16, lengths=st["lengths"], out=out,
+                             lse=lse, format="bf16")
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    gen = torch.Generator().manual_seed(8)
+    for it in range(3):
+        st["local"].copy_(torch.randint(-2, 70, st["local"].shape, generator=gen,
+                                        dtype=torch.int32))
+        st["req_id"].copy_(torch.randint(0, 2, (T,), generator=gen, dtype=torch.int32))
+        st["block_table"].copy_(torch.randint(-1, 8, st["block_table"].shape, generator=gen,
+                                              dtype=torch.int32))
+        st["lengths"].copy_(torch.randint(0, 65, (T,), generator=gen, dtype=torch.int32))
+        out.fill_(float("nan"))
+        g.replay()
+        slots = smla.convert_indices(st["req_id"], st["block_table"], st["local"],
+                                     block_size=16)
+        w_out, w_lse = smla.forward(st["q"], None, st["cache"], slots, lengths=st["lengths"],
+                                    format="bf16", return_lse=True)
+        torch.cuda.synchronize()
+        assert torch.equal(out, w_out), "replay %d" % it
+        assert torch.equal(lse, w_lse), "replay %d" % it

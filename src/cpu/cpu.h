@@ -17,6 +17,7 @@ smla_status smla_cpu_cache_write(smla_context *ctx, const smla_cache_write_param
                                  void *stream);
 smla_status smla_cpu_merge(smla_context *ctx, const smla_merge_params *p, void *stream);
 smla_status smla_cpu_plan_init(smla_plan *plan, size_t *workspace_bytes);
-smla_status smla_cpu_forward(smla_plan *plan, const smla_forward_params *p, void *stream);
+smla_status smla_cpu_forward(smla_plan *plan, const smla_forward_params *p,
+                             const smla_convert_params *indices, void *stream);
 
 #endif

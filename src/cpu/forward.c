@@ -18,6 +18,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define DQK_MAX (SMLA_DC + 64)
@@ -243,7 +244,28 @@ smla_status smla_cpu_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   return SMLA_OK;
 }
 
-smla_status smla_cpu_forward(smla_plan *plan, const smla_forward_params *p, void *stream) {
+smla_status smla_cpu_forward(smla_plan *plan, const smla_forward_params *p,
+                             const smla_convert_params *indices, void *stream) {
+  if (indices) { /* the conversion into host scratch, then the same forward */
+    const int64_t T = p->num_tokens, K = p->topk;
+    int32_t *slots = malloc((size_t)(T * K) * sizeof *slots);
+    if (!slots)
+      return smla_set_error(plan->ctx, SMLA_ERR_OUT_OF_MEMORY, "smla_forward_indices: out of "
+                            "host memory (%lld converted slots)", (long long)(T * K));
+    smla_convert_params c = *indices;
+    c.slots = slots;
+    c.slots_stride = K;
+    c.valid = NULL;
+    smla_status s = smla_cpu_convert(plan->ctx, &c, stream);
+    if (s == SMLA_OK) {
+      smla_forward_params q = *p;
+      q.slots = slots;
+      q.slots_stride = K;
+      s = smla_cpu_forward(plan, &q, NULL, stream);
+    }
+    free(slots);
+    return s;
+  }
   (void)stream;
   fwd_job job = {.plan = plan, .p = p, .bad = 0};
   choose_groups(plan, p->num_tokens, &job.groups, &job.heads);

@@ -609,7 +609,8 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
 
 /* ---- forward --------------------------------------------------------------------------- */
 
-static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p, void *stream) {
+static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p,
+                                const smla_convert_params *indices, void *stream) {
   smla_context *ctx = plan->ctx;
   const char *fn = "smla_forward";
   fwd_choice c;
@@ -639,6 +640,19 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p, v
   a.slots = p->slots;
   a.slots_stride = p->slots_stride;
   a.lengths = p->lengths;
+  if (indices) { /* converted inside the kernel as each entry is read */
+    a.slots = indices->local;
+    a.slots_stride = indices->local_stride;
+    a.conv.req_id = indices->req_id;
+    a.conv.block_table = indices->block_table;
+    a.conv.num_requests = indices->num_requests;
+    a.conv.blocks_per_request = indices->blocks_per_request;
+    a.conv.block_table_stride = indices->block_table_stride;
+    a.conv.block_size = indices->block_size;
+    a.conv.cp_size = indices->cp_size;
+    a.conv.cp_rank = indices->cp_rank;
+    a.conv.cp_interleave = indices->cp_interleave > 0 ? indices->cp_interleave : 1;
+  }
   const int tensor = p->cache.format == SMLA_CACHE_FP8_TENSOR;
   a.logit_scale = tensor ? p->sm_scale * p->cache.scale : p->sm_scale;
   a.value_scale = tensor ? p->cache.scale : 1.0f;

@@ -6,6 +6,7 @@
 #ifndef SMLA_CUDA_FORWARD_COMMON_CUH
 #define SMLA_CUDA_FORWARD_COMMON_CUH
 
+#include "convert.cuh"
 #include "kernels.h"
 #include "ptx.cuh"
 
@@ -24,11 +25,16 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *(const uint32_t *)&v;
 }
 
-/* The next slot a loader thread needs: entry ks + tile * BN + lr, or -1 past the end. */
-__device__ __forceinline__ int32_t slot_at(const int32_t *slot_row, int ks, int kend, int tile,
+/* The next slot a loader thread needs: entry ks + tile * BN + lr, or -1 past the end. With
+ * a.conv.req_id (smla_forward_indices) slot_row holds request-local positions of request
+ * req, converted here as smla_convert_indices would. */
+__device__ __forceinline__ int32_t slot_at(const smla_cuda_fwd_args &a, int32_t req,
+                                           const int32_t *slot_row, int ks, int kend, int tile,
                                            int lr) {
   const int k = ks + tile * FWD_BN + lr;
-  return k < kend ? __ldg(slot_row + k) : -1;
+  if (k >= kend) return -1;
+  const int32_t v = __ldg(slot_row + k);
+  return a.conv.req_id ? convert_one(a.conv, req, v) : v;
 }
 
 /* Entry state of one loader row: used (read it), counted as bad (>= S or < -1). */
@@ -47,6 +53,7 @@ struct fwd_block {
   int64_t t;
   int grp, split, ks, kend, ntiles;
   const int32_t *slot_row;
+  int32_t req; /* smla_forward_indices: row t's request (else 0) */
 };
 
 __device__ __forceinline__ fwd_block fwd_block_of(const smla_cuda_fwd_args &a) {
@@ -69,6 +76,7 @@ __device__ __forceinline__ fwd_block fwd_block_of(const smla_cuda_fwd_args &a) {
   b.kend = min(min(b.ks + a.split_len, a.topk), len);
   b.ntiles = b.kend > b.ks ? (b.kend - b.ks + FWD_BN - 1) / FWD_BN : 0;
   b.slot_row = a.slots + b.t * a.slots_stride;
+  b.req = a.conv.req_id ? __ldg(a.conv.req_id + b.t) : 0;
   return b;
 }
 

@@ -123,6 +123,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
   const int grp = blk.grp, split = blk.split, ks = blk.ks, kend = blk.kend;
   const int ntiles = blk.ntiles, h0 = grp * M;
   const int32_t *slot_row = blk.slot_row;
+  const int32_t req = blk.req;
 
   float O[MT][8][4];
 #pragma unroll
@@ -148,13 +149,13 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
                   head < a.num_heads ? 16 : 0);
     }
 
-    int32_t slot_pf = slot_at(slot_row, ks, kend, 0, lr); /* prefetched one tile ahead */
+    int32_t slot_pf = slot_at(a, req, slot_row, ks, kend, 0, lr); /* prefetched one tile ahead */
 
     /* Gathers tile j's row lr (this thread's quarter) into a bf16 KV buffer or a raw one. */
 #define ISSUE_TILE(j, dst_row)                                                              \
   do {                                                                                      \
     const int32_t s_ = slot_pf;                                                             \
-    slot_pf = slot_at(slot_row, ks, kend, (j) + 1, lr);                                     \
+    slot_pf = slot_at(a, req, slot_row, ks, kend, (j) + 1, lr);                                   \
     const bool used_ = entry_used(a, s_, ks + (j) * BN + lr, kend, lp, &bad);               \
     if (lp == 0) mask_s[((j) & 3) * BN + lr] = used_;                                       \
     const uint8_t *src_ = a.cache + (used_ ? (int64_t)s_ * a.row_bytes : 0);                \
@@ -240,7 +241,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
         } else {
           /* No staging buffer: load this thread's row quarter through registers. */
           const int32_t s_ = slot_pf;
-          slot_pf = slot_at(slot_row, ks, kend, j + 1, lr);
+          slot_pf = slot_at(a, req, slot_row, ks, kend, j + 1, lr);
           const bool used_ = entry_used(a, s_, ks + j * BN + lr, kend, lp, &bad);
           if (lp == 0) mask_s[(j & 3) * BN + lr] = used_;
           const uint8_t *src = a.cache + (used_ ? (int64_t)s_ * a.row_bytes : 0);

@@ -151,6 +151,10 @@ typedef struct smla_cuda_fwd_args {
    * part_max unused, no combine kernel); blocks numbered (t, group, split), split fastest. */
   int cluster_merge;
   unsigned long long *bad_inputs; /* may be NULL */
+  /* smla_forward_indices: conv.req_id != NULL; then slots / slots_stride are the request-
+   * local positions (conv.local), each converted by convert_one as read (conv.slots,
+   * valid, compact unused). */
+  smla_cuda_convert_args conv;
 } smla_cuda_fwd_args;
 
 /* Shared-memory layout of a variant, in bytes from the dynamic smem base (all offsets

@@ -236,6 +236,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   const int grp = blk.grp, split = blk.split, ks = blk.ks, kend = blk.kend;
   const int ntiles = blk.ntiles, h0 = grp * W_HEADS;
   const int32_t *slot_row = blk.slot_row;
+  const int32_t req = blk.req;
 
   unsigned bad = 0; /* entries >= S or < -1 this thread counted */
   const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
@@ -262,7 +263,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       const int pw = (tid - W_THREADS) >> 5, cl = lane & 7, rl = lane >> 3;
       const int my_row = 16 * pw + (lane & 15);
       /* Tile 0's slots first: their load's latency runs under the Q issue. */
-      int32_t sn = slot_at(slot_row, ks, kend, 0, my_row);
+      int32_t sn = slot_at(a, req, slot_row, ks, kend, 0, my_row);
 #pragma unroll 1
       for (int rg = 0; rg < 4; rg++) {
         const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
@@ -276,7 +277,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         const uint32_t st = (uint32_t)(j & 1);
         if (j >= 2) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
         const int32_t sc = sn;
-        if (j + 1 < ntiles) sn = slot_at(slot_row, ks, kend, j + 1, my_row);
+        if (j + 1 < ntiles) sn = slot_at(a, req, slot_row, ks, kend, j + 1, my_row);
         unsigned nb = 0;
         const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
         bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
@@ -319,13 +320,13 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       cp_async_16(q_s + w_chunk(row, c), q_chunk_src(a, t, head, c), head < a.num_heads ? 16 : 0);
     }
 
-    int32_t slot_pf = slot_at(slot_row, ks, kend, 0, lr); /* prefetched one tile ahead */
+    int32_t slot_pf = slot_at(a, req, slot_row, ks, kend, 0, lr); /* prefetched one tile ahead */
     /* This thread's chunks of its row: c = lp + 4 i, i.e. block i / 2, chunk lp + 4 (i & 1). */
     const uint32_t row_off = (uint32_t)(lr * 128);
 #define W_ISSUE_TILE(j, stage_base)                                                         \
   do {                                                                                      \
     const int32_t s_ = slot_pf;                                                             \
-    slot_pf = slot_at(slot_row, ks, kend, (j) + 1, lr);                                     \
+    slot_pf = slot_at(a, req, slot_row, ks, kend, (j) + 1, lr);                                   \
     const bool used_ = entry_used(a, s_, ks + (j) * BN + lr, kend, lp, &bad);               \
     if (lp == 0) mask_s[((j) & 3) * BN + lr] = used_;                                       \
     const uint8_t *src_ = a.cache + (used_ ? (int64_t)s_ * a.row_bytes : 0);                \
@@ -349,7 +350,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     int32_t cslot[8];
 #define W_LOAD_SLOTS(jj)                                                                   \
   _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) cslot[q_] =                             \
-      slot_at(slot_row, ks, kend, (jj), wg * 32 + (q_ >> 1) * 8 + 2 * tig + (q_ & 1))
+      slot_at(a, req, slot_row, ks, kend, (jj), wg * 32 + (q_ >> 1) * 8 + 2 * tig + (q_ & 1))
     W_LOAD_SLOTS(0);
 #endif
     /* S = Q K^T of the tile in stage kvb_: all 64 heads x this warpgroup's 32 entries. */
