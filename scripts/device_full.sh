@@ -2,7 +2,7 @@
 # Everything a change needs on the GPU machine in one call, logs in one tarball:
 #   SMLA_GIT_COMMIT=$(git rev-parse --short HEAD) bash scripts/device_full.sh [extra bench args]
 #   STEPS="test bench" ... runs only those of: test checks overhead bench baseline fp8 mutants
-#   pyquick sanlite install gather paths dcp ab absan sweep profile (the build always runs; default: all but fp8, mutants (the
+#   pyquick sanlite install gather fused paths dcp ab absan sweep profile (the build always runs; default: all but fp8, mutants (the
 #   GPU mutation check, ~6 min alone), absan, the A/B build under the sanitizer, and
 #   sweep, the split counts of T = 16, 32 at N = 128)
 # 1. make all; build/test_smla (CPU + GPU cases);
@@ -128,6 +128,14 @@ fi
 if has gather && [ -x build/gather_bench ]; then
   timeout 60 build/gather_bench >"$L/gather.txt" 2>&1 || fail=1
   cat "$L/gather.txt"
+fi
+# The fused decode step (smla_forward_indices) against convert + forward, decode shapes.
+if has fused; then
+  timeout 90 build/smla bench -N 16,128 -T 1,4,16,64 --indices 64 >"$L/bench_fused.txt" 2>&1 || fail=1
+  timeout 90 build/smla bench -N 16,128 -T 1,4,16,64 --indices 64 --two-call >"$L/bench_twocall.txt" 2>&1 || fail=1
+  echo "decode step us (amortized, cold): smla_forward_indices | convert + forward"
+  paste <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_fused.txt" | awk '{printf "T=%-3s N=%-4s %8s %8s |\n", $1, $2, $3, $4}') \
+        <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_twocall.txt" | awk '{print $3, $4}')
 fi
 # Every path of the decode shapes against the plan's choice (smla bench --paths).
 if has paths; then

@@ -408,6 +408,9 @@ typedef struct bench_opts {
   int splits, portable, separate; /* --splits (0: the plan picks), --portable,
                                      --separate-merge */
   int paths;                       /* --paths: every path of each shape, and the plan's */
+  int indices_bs, two_call;        /* --indices BS: request-local positions through a block
+                                      table (smla_forward_indices; --two-call: convert, then
+                                      forward) */
   smla_cache_format format;
   int64_t slots;
   int reps; /* 0: the device's default */
@@ -447,7 +450,8 @@ static void bench_usage(FILE *f) {
           "                  [-K 2048] [--dr 0|64] [--format bf16|fp8_tensor|fp8_ds]\n"
           "                  [--slots 262144] [--reps R] [--seed S] [--threads N]\n"
           "                  [--no-graph] [--splits S] [--portable] [--separate-merge]\n"
-          "                  [--timing amortized|cold|both] [--paths] [--json FILE]\n"
+          "                  [--timing amortized|cold|both] [--paths] [--indices BS]\n"
+          "                  [--two-call] [--json FILE]\n"
           "  Times smla_forward at DeepSeek-V3.2 shapes over a random KV pool of --slots\n"
           "  rows. Presets: decode T = 1,2,4,8,16,32,64; prefill T = 256,...,4096.\n"
           "  Defaults: GPU 0 if there is one, else the CPU; N = 16,128; reps %d on a GPU,\n"
@@ -463,7 +467,11 @@ static void bench_usage(FILE *f) {
           "  --paths: for each shape, the plan's own choice and every other path (forced\n"
           "  splits 1..32, in-kernel or separate merge, the generic kernel), one line per\n"
           "  shape with the chosen path's time against the fastest (every row in --json);\n"
-          "  default T = 1..512, N = 8,16,64,128.\n",
+          "  default T = 1..512, N = 8,16,64,128.\n"
+          "  --indices BS: each row its own request, whose K positions (distinct, random in\n"
+          "  a context of 2K) go through a block table of BS-slot blocks drawn from the pool:\n"
+          "  times smla_forward_indices (conversion inside the forward), or with --two-call\n"
+          "  smla_convert_indices then smla_forward (one more launch and the slots' trip).\n",
           BENCH_GPU_REPS, BENCH_CPU_MIN_REPS, BENCH_CPU_MAX_REPS, BENCH_CPU_BUDGET_S,
           BENCH_GRAPH_MAX_T, BENCH_COLD_FLUSH_BYTES >> 20, BENCH_COLD_REPS);
 }
@@ -618,6 +626,11 @@ typedef struct bench_shape {
   int32_t *slots;    /* [sets][T][K] */
   size_t q_set_bytes, slots_set_elems;
   int dr;
+  /* --indices: slots above hold request-local positions; conv describes the rest (req_id,
+   * block table; slots: the two-call path's converted slots) */
+  int indices, two_call;
+  smla_convert_params conv;
+  smla_context *ctx;
 } bench_shape;
 
 static int bench_launch(void *arg, int index, void *stream) {
@@ -627,6 +640,16 @@ static int bench_launch(void *arg, int index, void *stream) {
   p.q_nope = b->q + (size_t)set * b->q_set_bytes;
   p.q_pe = b->dr ? (const char *)p.q_nope + (size_t)SMLA_DC * 2 : NULL;
   p.slots = b->slots + (size_t)set * b->slots_set_elems;
+  if (!b->indices) return (int)smla_forward(b->plan, &p, stream);
+  smla_convert_params c = b->conv;
+  c.local = p.slots;
+  if (!b->two_call) {
+    p.slots = NULL;
+    return (int)smla_forward_indices(b->plan, &p, &c, stream);
+  }
+  const smla_status s = smla_convert_indices(b->ctx, &c, stream);
+  if (s != SMLA_OK) return (int)s;
+  p.slots = c.slots;
   return (int)smla_forward(b->plan, &p, stream);
 }
 
@@ -685,10 +708,11 @@ static int bench_shape_run(const tool_device *d, const bench_opts *o, const benc
   const int per_graph = graph ? (sets > BENCH_GRAPH_MIN_FORWARDS ? sets : BENCH_GRAPH_MIN_FORWARDS)
                               : 1;
   int rc = -1;
-  void *out = NULL, *lse = NULL, *bad = NULL;
+  void *out = NULL, *lse = NULL, *bad = NULL, *d_req = NULL, *d_bt = NULL, *d_conv = NULL;
   uint16_t *h_q = NULL;
-  int32_t *h_slots = NULL;
+  int32_t *h_slots = NULL, *h_req = NULL, *h_bt = NULL;
   double *samples = NULL;
+  tool_sampler positions = {0};
 
   b.q = tool_alloc(d, b.q_set_bytes * (size_t)sets);
   b.slots = tool_alloc(d, b.slots_set_elems * 4 * (size_t)sets);
@@ -701,9 +725,47 @@ static int bench_shape_run(const tool_device *d, const bench_opts *o, const benc
     if (!h_q || !h_slots) fprintf(stderr, "smla: out of host memory\n");
     goto done;
   }
+  if (o->indices_bs) {
+    /* Row t is request t: a context of 2K positions over B blocks drawn from the pool's
+     * whole blocks; its K positions are distinct, so its rows are distinct as with slots. */
+    const int bs = o->indices_bs;
+    const int B = (int)((2 * (int64_t)K + bs - 1) / bs);
+    const int64_t nblocks = cache->num_slots / bs;
+    b.indices = 1;
+    b.two_call = o->two_call;
+    b.ctx = d->ctx;
+    h_req = malloc((size_t)T * 4);
+    h_bt = malloc((size_t)T * B * 4);
+    if (!h_req || !h_bt || tool_sampler_init(&positions, (int64_t)B * bs)) {
+      fprintf(stderr, "smla: out of host memory\n");
+      goto done;
+    }
+    for (int64_t t = 0; t < T; t++) h_req[t] = (int32_t)t;
+    for (int64_t i = 0; i < T * B; i++) h_bt[i] = (int32_t)tool_rng_below(rng, (uint64_t)nblocks);
+    d_req = tool_alloc(d, (size_t)T * 4);
+    d_bt = tool_alloc(d, (size_t)T * B * 4);
+    if (o->two_call) d_conv = tool_alloc(d, (size_t)T * K * 4);
+    if (!d_req || !d_bt || (o->two_call && !d_conv) ||
+        tool_upload(d, d_req, h_req, (size_t)T * 4) ||
+        tool_upload(d, d_bt, h_bt, (size_t)T * B * 4))
+      goto done;
+    smla_convert_params *c = &b.conv;
+    c->num_tokens = T;
+    c->topk = K;
+    c->req_id = d_req;
+    c->block_table = d_bt;
+    c->num_requests = (int)T;
+    c->blocks_per_request = B;
+    c->block_table_stride = B;
+    c->block_size = bs;
+    c->local_stride = K;
+    c->slots = d_conv;
+    c->slots_stride = K;
+  }
   for (int s = 0; s < sets; s++) {
     tool_fill_bf16(rng, h_q, b.q_set_bytes / 2, 1.0f);
-    for (int64_t t = 0; t < T; t++) tool_sampler_draw(sampler, rng, h_slots + t * K, K);
+    for (int64_t t = 0; t < T; t++)
+      tool_sampler_draw(b.indices ? &positions : sampler, rng, h_slots + t * K, K);
     if (tool_upload(d, b.q + (size_t)s * b.q_set_bytes, h_q, b.q_set_bytes) ||
         tool_upload(d, b.slots + (size_t)s * b.slots_set_elems, h_slots,
                     b.slots_set_elems * 4))
@@ -717,7 +779,9 @@ static int bench_shape_run(const tool_device *d, const bench_opts *o, const benc
                          (o->separate ? SMLA_PLAN_SEPARATE_MERGE : 0u);
   if (tool_plan(d, T, N, K, dr, o->format, o->splits, flags, &b.plan))
     goto done;
-  snprintf(row->path, sizeof row->path, "%s", smla_plan_describe(b.plan));
+  snprintf(row->path, sizeof row->path, "%s%s", smla_plan_describe(b.plan),
+           !b.indices ? "" : b.two_call ? " [indices: convert, then forward]"
+                                        : " [indices: smla_forward_indices]");
   tool_forward_params(&b.base, T, N, K, cache, NULL, NULL, out, lse, bad);
   smla_status st;
 
@@ -796,6 +860,12 @@ static int bench_shape_run(const tool_device *d, const bench_opts *o, const benc
   rc = 0;
 done:
   smla_plan_destroy(b.plan);
+  tool_free(d, d_req);
+  tool_free(d, d_bt);
+  tool_free(d, d_conv);
+  free(h_req);
+  free(h_bt);
+  tool_sampler_free(&positions);
   tool_free(d, b.q);
   tool_free(d, b.slots);
   tool_free(d, out);
@@ -910,6 +980,13 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
     } else if (strcmp(a, "--paths") == 0) {
       o->paths = 1;
       used = 0;
+    } else if (strcmp(a, "--two-call") == 0) {
+      o->two_call = 1;
+      used = 0;
+    } else if (strcmp(a, "--indices") == 0) {
+      want = "a block size 1..65536";
+      if (tool_parse_int(v, 1, 65536, &x)) goto bad;
+      o->indices_bs = (int)x;
     } else if (!v) {
       fprintf(stderr, "smla bench: %s needs a value\n", a);
       return -1;
@@ -998,6 +1075,15 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
   if (o->paths && (o->splits || o->portable || o->separate)) {
     fprintf(stderr, "smla bench: --paths tries every split and kernel itself: leave out "
                     "--splits, --portable and --separate-merge\n");
+    return -1;
+  }
+  if (o->two_call && !o->indices_bs) {
+    fprintf(stderr, "smla bench: --two-call needs --indices BS\n");
+    return -1;
+  }
+  if (o->indices_bs && o->slots / o->indices_bs < 1) {
+    fprintf(stderr, "smla bench: --indices %d is more than --slots %lld: no whole block\n",
+            o->indices_bs, (long long)o->slots);
     return -1;
   }
   if (o->paths && !tokens_given) {
