@@ -3,23 +3,27 @@
 # builds libsmla with the Makefile and bundles it), then a forward from outside the
 # repository with no SMLA_LIBRARY or PYTHONPATH. SMLA_CUDA=0 builds the CPU library only
 # (what a machine without nvcc gets). Needs PyPI (numpy, setuptools for the build).
-# SMLA_INSTALL_OFFLINE=1 (a machine with no network, such as the GPU machine): the venv
-# sees the system's packages (numpy, setuptools, torch) and pip neither downloads nor
-# isolates the build. Where torch sees a GPU, the installed package also runs the forward
-# on it and checks it against its own CPU forward.
+# SMLA_INSTALL_OFFLINE=1 (a machine with no network, such as the GPU machine, whose
+# python3 is itself a venv holding torch and numpy): `pip install --target` of ./python
+# into a fresh folder with that interpreter, no index, no build isolation and no
+# dependency resolution (numpy and torch are there already), then the same checks with
+# only that folder on PYTHONPATH. Where torch sees a GPU, the installed package also runs
+# the forward on it and checks it against its own CPU forward.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 v=$(mktemp -d)
 trap 'rm -rf "$v"' EXIT
 if [ "${SMLA_INSTALL_OFFLINE:-0}" = 1 ]; then
-  python3 -m venv --system-site-packages "$v/venv"
-  "$v/venv/bin/pip" install -q --no-index --no-build-isolation ./python
+  python3 -m pip install -q --no-index --no-build-isolation --no-deps --target "$v/site" ./python
+  run() { env -u SMLA_LIBRARY PYTHONPATH="$v/site" python3 "$@"; }
 else
   python3 -m venv "$v/venv"
   "$v/venv/bin/pip" install -q ./python
+  run() { env -u SMLA_LIBRARY -u PYTHONPATH "$v/venv/bin/python" "$@"; }
 fi
+export SMLA_INSTALL_DIR="$v"
 cd "$v"
-env -u SMLA_LIBRARY -u PYTHONPATH "$v/venv/bin/python" - <<'PY'
+run - <<'PY'
 import numpy as np
 import smla
 rng = np.random.default_rng(0)
@@ -32,7 +36,9 @@ q = smla.bf16_from_f32(rng.standard_normal((T, N, 576)))
 slots = rng.integers(0, S, (T, K)).astype(np.int32)
 out, lse = smla.forward(q, None, cache, slots, return_lse=True)
 assert out.shape == (T, N, 512) and np.isfinite(lse).all()
-assert "site-packages" in smla.library_path, smla.library_path
+import os
+# the installed copy, not a build tree
+assert smla.library_path.startswith(os.environ["SMLA_INSTALL_DIR"]), smla.library_path
 where = "the CPU"
 try:
     import torch

@@ -112,8 +112,8 @@ if has pyquick; then
 fi
 if has sanlite; then
   SANITIZER_TOOLS="memcheck racecheck" SANITIZER_PARALLEL=1 SANITIZER_LOG_DIR="$L/sanlite" \
-    timeout 200 scripts/sanitize_gpu.sh build/test_smla --filter fp8,head_major >"$L/sanlite.log" 2>&1 || fail=1
-  stamp "sanitize (fp8, head_major cases): $(grep -E 'sanitize_gpu: ' "$L/sanlite.log" | tr '\n' ';')"
+    timeout 200 scripts/sanitize_gpu.sh build/test_smla --filter "${SANLITE_FILTER:-fp8,head_major}" >"$L/sanlite.log" 2>&1 || fail=1
+  stamp "sanitize (${SANLITE_FILTER:-fp8,head_major} cases): $(grep -E 'sanitize_gpu: ' "$L/sanlite.log" | tr '\n' ';')"
 fi
 # The package as a user installs it, offline (no network on the GPU machine): a venv over
 # the system's packages, `pip install ./python` (which builds libsmla again, with CUDA),

@@ -445,8 +445,8 @@ static smla_status fill_split_table(smla_plan *plan, const fwd_choice *c,
     plan->split_len_rest = split_len;
     return SMLA_OK;
   }
-  int64_t rows = ceil_div((int64_t)NO_SPLIT_WAVES * st->sm_count, c->groups);
-  if (rows > d->max_tokens) rows = d->max_tokens;
+  const int64_t waves_rows = ceil_div((int64_t)NO_SPLIT_WAVES * st->sm_count, c->groups);
+  const int64_t rows = waves_rows < d->max_tokens ? waves_rows : d->max_tokens;
   plan->split_table = malloc((size_t)rows);
   if (!plan->split_table)
     return smla_set_error(plan->ctx, SMLA_ERR_OUT_OF_MEMORY, "smla_plan_create: out of "
@@ -456,10 +456,11 @@ static smla_status fill_split_table(smla_plan *plan, const fwd_choice *c,
     plan->split_table[T - 1] = (uint8_t)(s | (merged ? SPLIT_MERGED : 0));
   }
   plan->split_rows = rows;
-  /* Beyond the table: T * groups >= NO_SPLIT_WAVES waves, where the model never splits. */
-  plan->split_rest = model_splits(plan, c, st, rows + 1, &split_len, &merged);
-  plan->split_len_rest = split_len;
-  if (plan->split_rest != 1 || merged)
+  plan->split_rest = 1;
+  plan->split_len_rest = d->topk;
+  /* Beyond the table: T > max_tokens (refused before a forward gets here), or T * groups
+   * >= NO_SPLIT_WAVES waves, where the model never splits; checked, not assumed. */
+  if (rows < d->max_tokens && model_splits(plan, c, st, rows + 1, &split_len, &merged) != 1)
     return smla_set_error(plan->ctx, SMLA_ERR_INTERNAL, "smla_plan_create: the cost model "
                           "splits T = %lld, beyond its table", (long long)rows + 1);
   return SMLA_OK;
