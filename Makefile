@@ -14,7 +14,7 @@ CPPFLAGS_ALL := -Iinclude -Isrc -D_GNU_SOURCE
 LDLIBS  := -lm -lpthread
 
 VERSION_MAJOR := 0
-VERSION       := 0.3.0
+VERSION       := 0.4.0
 
 CUDA ?= auto
 ifeq ($(CUDA),auto)

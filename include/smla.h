@@ -71,14 +71,14 @@ extern "C" {
  * Version. Since v0.1.
  * ------------------------------------------------------------------------------------- */
 /* Before 1.0 a minor version may change the ABI (a params struct may grow, as
- * smla_convert_params did in 0.2.0 and smla_merge_params in 0.3.0): rebuild against the
- * header of the library you link. */
+ * smla_convert_params did in 0.2.0 and smla_merge_params in 0.3.0; 0.4.0 added
+ * smla_forward_indices): rebuild against the header of the library you link. */
 #define SMLA_VERSION_MAJOR 0
-#define SMLA_VERSION_MINOR 3
+#define SMLA_VERSION_MINOR 4
 #define SMLA_VERSION_PATCH 0
 #define SMLA_VERSION_NUMBER \
   (SMLA_VERSION_MAJOR * 10000 + SMLA_VERSION_MINOR * 100 + SMLA_VERSION_PATCH)
-#define SMLA_VERSION_STRING "0.3.0"
+#define SMLA_VERSION_STRING "0.4.0"
 
 /* The version the library was built as (SMLA_VERSION_NUMBER of its header). */
 unsigned smla_version(void);

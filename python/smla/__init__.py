@@ -26,7 +26,7 @@ from ._lib import SmlaError, library_path
 from ._ops import (KVCache, Plan, build_metadata, cache_write, convert_indices, forward,
                    forward_indices, merge_states, prepare_plans, set_num_threads)
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 # The header's constants, defined once in _lib (which mirrors include/smla.h).
 from ._lib import (CACHE_BF16, CACHE_FP8_DS, CACHE_FP8_TENSOR, DC, MAX_HEADS,  # noqa: E402
@@ -37,7 +37,7 @@ HAVE_TORCH = _torch is not None
 
 
 def version():
-    """The library's version string (smla_version_string), e.g. "0.3.0"."""
+    """The library's version string (smla_version_string), e.g. "0.4.0"."""
     return _lib.version_string()
 
 
