@@ -129,7 +129,33 @@ static void fuzz_forward(smla_context *ctx, bytes *b) {
   uint64_t bad = 0;
   if (take(b, 1) & 1) p.bad_inputs = &bad;
   if ((take(b, 1) & 7) == 0) p.slots = NULL;
-  check_status(ctx, smla_forward(plan, &p, NULL));
+  if ((take(b, 1) & 3) == 0) { /* smla_forward_indices: positions through a block table */
+    smla_convert_params ix = {0};
+    ix.num_tokens = (take(b, 1) & 7) ? p.num_tokens : pick(b, 0, 4);
+    ix.topk = (take(b, 1) & 7) ? p.topk : (int)pick(b, 1, 9);
+    ix.num_requests = (int)pick(b, 1, 3);
+    ix.blocks_per_request = (int)pick(b, 1, 4);
+    ix.block_table_stride = ix.blocks_per_request + (int64_t)(take(b, 1) % 3) - 1;
+    ix.block_size = (int)pick(b, 1, 64);
+    ix.local_stride = K + (int64_t)(take(b, 1) % 3) - 1;
+    ix.compact = (take(b, 1) & 7) == 0;
+    if (take(b, 1) & 1) {
+      ix.cp_size = (int)pick(b, 0, 4);
+      ix.cp_rank = (int)pick(b, 0, 3);
+      ix.cp_interleave = (int)pick(b, 0, 16);
+    }
+    const int64_t R = ix.num_requests > 0 ? ix.num_requests : 1;
+    void *ib[3] = {0};
+    ix.req_id = buffer(b, (size_t)T * 4, 0, &ib[0]);
+    ix.block_table = buffer(b, extent(1, 0, R, ix.block_table_stride,
+                                      max64(ix.blocks_per_request, 1)) * 4, 0, &ib[1]);
+    ix.local = buffer(b, extent(1, 0, T, ix.local_stride, K) * 4, 0, &ib[2]);
+    if (take(b, 1) & 3) p.slots = NULL;
+    check_status(ctx, smla_forward_indices(plan, &p, (take(b, 1) & 15) ? &ix : NULL, NULL));
+    FREE_ALL(ib);
+  } else {
+    check_status(ctx, smla_forward(plan, &p, NULL));
+  }
   FREE_ALL(bufs);
   smla_plan_destroy(plan);
 }
