@@ -100,6 +100,25 @@ fail:
   return -1;
 }
 
+/* Captures calls 0..count-1 of fn into *graph and instantiates it. 0, -1 on a CUDA error
+ * (printed), or the smla_status fn returned (the capture is ended, the stream usable). */
+static int capture(cudaStream_t s, tool_launch_fn fn, void *arg, int count, cudaGraph_t *graph,
+                   cudaGraphExec_t *exec) {
+  CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < count; i++) {
+    const int r = fn(arg, i, (void *)s);
+    if (r) {
+      cudaStreamEndCapture(s, graph);
+      return r;
+    }
+  }
+  CUDA_TRY(cudaStreamEndCapture(s, graph));
+  CUDA_TRY(cudaGraphInstantiate(exec, *graph, 0));
+  return 0;
+fail:
+  return -1;
+}
+
 int tool_cuda_time(void *stream, tool_launch_fn fn, void *arg, int use_graph, int per_graph,
                    int warmup, int samples, double *sample_us) {
   cudaStream_t s = (cudaStream_t)stream;
@@ -110,17 +129,8 @@ int tool_cuda_time(void *stream, tool_launch_fn fn, void *arg, int use_graph, in
   CUDA_TRY(cudaEventCreate(&e0));
   CUDA_TRY(cudaEventCreate(&e1));
   if (use_graph) {
-    CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < per_graph; i++) {
-      const int r = fn(arg, i, stream);
-      if (r) {
-        cudaStreamEndCapture(s, &graph); /* leave the stream usable */
-        rc = r;
-        goto fail;
-      }
-    }
-    CUDA_TRY(cudaStreamEndCapture(s, &graph));
-    CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+    if ((rc = capture(s, fn, arg, per_graph, &graph, &exec)) != 0) goto fail;
+    rc = -1;
     for (int i = 0; i < warmup; i++) CUDA_TRY(cudaGraphLaunch(exec, s));
     CUDA_TRY(cudaStreamSynchronize(s));
     for (int i = 0; i < samples; i++) {
@@ -174,15 +184,8 @@ int tool_cuda_time_cold(void *stream, tool_launch_fn fn, void *arg, void *flush,
   int rc = -1;
   CUDA_TRY(cudaEventCreate(&e0));
   CUDA_TRY(cudaEventCreate(&e1));
-  CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  const int r = fn(arg, 0, stream);
-  if (r) {
-    cudaStreamEndCapture(s, &graph); /* leave the stream usable */
-    rc = r;
-    goto fail;
-  }
-  CUDA_TRY(cudaStreamEndCapture(s, &graph));
-  CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+  if ((rc = capture(s, fn, arg, 1, &graph, &exec)) != 0) goto fail;
+  rc = -1;
   for (int i = 0; i < warmup + samples; i++) {
     float ms = 0;
     /* The zeroing evicts the L2 (256 MiB over a 50-60 MB L2) and is not timed. */

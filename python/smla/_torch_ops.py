@@ -232,19 +232,25 @@ def forward_traced(q_nope, q_pe, cache, slots, sm_scale, lengths, softcap, sink,
             q_nope, q_pe, data, slots, lengths, sink, bad_inputs, fmt, d, float(sc),
             float(sm_scale), float(softcap), want_lse, want_max, pid)
     else:
-        T, N = q_nope.shape[0], q_nope.shape[1]
-        if out is None:
-            out = q_nope.new_empty((T, N, DC), dtype=torch.bfloat16)
-        if want_lse and lse is None:
-            lse = q_nope.new_empty((T, N), dtype=torch.float32)
-        if want_max and max_logit is None:
-            max_logit = q_nope.new_empty((T, N), dtype=torch.float32)
+        out, lse, max_logit = _forward_outputs(q_nope, out, lse, max_logit, want_lse, want_max)
         torch.ops.smla.forward_out(q_nope, q_pe, data, slots, lengths, sink, bad_inputs, out,
                                    lse, max_logit, fmt, d, float(sc), float(sm_scale),
                                    float(softcap), pid)
     if want_lse:
         return (out, lse, max_logit) if want_max else (out, lse)
     return (out, max_logit) if want_max else out
+
+
+def _forward_outputs(q_nope, out, lse, max_logit, want_lse, want_max):
+    """The outputs a forward writes: those given, the wanted rest allocated like q_nope."""
+    T, N = q_nope.shape[0], q_nope.shape[1]
+    if out is None:
+        out = q_nope.new_empty((T, N, DC), dtype=torch.bfloat16)
+    if want_lse and lse is None:
+        lse = q_nope.new_empty((T, N), dtype=torch.float32)
+    if want_max and max_logit is None:
+        max_logit = q_nope.new_empty((T, N), dtype=torch.float32)
+    return out, lse, max_logit
 
 
 def forward_indices_traced(q_nope, q_pe, cache, req_id, block_table, local, block_size,
@@ -257,13 +263,7 @@ def forward_indices_traced(q_nope, q_pe, cache, req_id, block_table, local, bloc
         sm_scale = 1.0 / math.sqrt(DC + d)
     want_lse = return_lse or lse is not None
     want_max = return_max_logit or max_logit is not None
-    T, N = q_nope.shape[0], q_nope.shape[1]
-    if out is None:
-        out = q_nope.new_empty((T, N, DC), dtype=torch.bfloat16)
-    if want_lse and lse is None:
-        lse = q_nope.new_empty((T, N), dtype=torch.float32)
-    if want_max and max_logit is None:
-        max_logit = q_nope.new_empty((T, N), dtype=torch.float32)
+    out, lse, max_logit = _forward_outputs(q_nope, out, lse, max_logit, want_lse, want_max)
     torch.ops.smla.forward_indices_out(
         q_nope, q_pe, data, req_id, block_table, local, lengths, sink, bad_inputs, out, lse,
         max_logit, int(block_size), int(cp_size), int(cp_rank), int(cp_interleave), fmt, d,
