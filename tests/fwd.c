@@ -140,6 +140,28 @@ void fwd_make_inputs(fwd_problem *pb) {
   for (int h = 0; h < N; h++) pb->sink[h] = (float)t_rng_uniform(2.0, 9.0);
 }
 
+/* The smla_convert_params of pb's indices over the given copies (host or device) of its
+ * request ids, block table and positions (uncompacted, no outputs). */
+static smla_convert_params ix_params(const fwd_problem *pb, const int32_t *req,
+                                     const int32_t *bt, const int32_t *local) {
+  smla_convert_params c;
+  memset(&c, 0, sizeof c);
+  c.num_tokens = pb->T;
+  c.topk = pb->K;
+  c.req_id = req;
+  c.block_table = bt;
+  c.num_requests = pb->ix_R;
+  c.blocks_per_request = pb->ix_B;
+  c.block_table_stride = pb->ix_bt_stride;
+  c.block_size = pb->ix_bs;
+  c.local = local;
+  c.local_stride = pb->ix_local_stride;
+  c.cp_size = pb->ix_cp_size;
+  c.cp_rank = pb->ix_cp_rank;
+  c.cp_interleave = pb->ix_cp_interleave;
+  return c;
+}
+
 void fwd_use_indices(fwd_problem *pb, int bs, int cp_size, int cp_rank, int interleave) {
   const int64_t T = pb->T;
   const int K = pb->K;
@@ -183,21 +205,7 @@ void fwd_use_indices(fwd_problem *pb, int bs, int cp_size, int cp_rank, int inte
           : u < 7 ? (int32_t)(npos + t_rng_int(0, 500))    /* past the block table */
                   : (int32_t)t_rng_int(0, npos - 1);
     }
-  smla_convert_params c;
-  memset(&c, 0, sizeof c);
-  c.num_tokens = T;
-  c.topk = K;
-  c.req_id = pb->ix_req;
-  c.block_table = pb->ix_bt;
-  c.num_requests = pb->ix_R;
-  c.blocks_per_request = pb->ix_B;
-  c.block_table_stride = pb->ix_bt_stride;
-  c.block_size = bs;
-  c.local = pb->ix_local;
-  c.local_stride = pb->ix_local_stride;
-  c.cp_size = cp_size;
-  c.cp_rank = cp_rank;
-  c.cp_interleave = interleave;
+  const smla_convert_params c = ix_params(pb, pb->ix_req, pb->ix_bt, pb->ix_local);
   int32_t *dense = t_xmalloc((size_t)(T > 0 ? T : 1) * (size_t)K * 4);
   ref_convert(&c, dense, NULL);
   for (int64_t t = 0; t < T; t++) memcpy(fwd_slot_row(pb, t), dense + t * K, (size_t)K * 4);
@@ -490,24 +498,8 @@ static smla_status exec_core(smla_context *ctx, int dev, const fwd_problem *pb,
   snprintf(res->describe, sizeof res->describe, "%s", smla_plan_describe(plan));
   smla_forward_params p = params_for(pb, d_qn, d_qp, d_cache, d_slots, d_len, d_sink, d_out,
                                      d_lse, d_ml, d_bad);
-  smla_convert_params ix;
-  memset(&ix, 0, sizeof ix);
-  if (pb->use_indices) {
-    p.slots = NULL;
-    ix.num_tokens = T;
-    ix.topk = pb->K;
-    ix.req_id = d_req;
-    ix.block_table = d_bt;
-    ix.num_requests = pb->ix_R;
-    ix.blocks_per_request = pb->ix_B;
-    ix.block_table_stride = pb->ix_bt_stride;
-    ix.block_size = pb->ix_bs;
-    ix.local = d_local;
-    ix.local_stride = pb->ix_local_stride;
-    ix.cp_size = pb->ix_cp_size;
-    ix.cp_rank = pb->ix_cp_rank;
-    ix.cp_interleave = pb->ix_cp_interleave;
-  }
+  const smla_convert_params ix = ix_params(pb, d_req, d_bt, d_local);
+  if (pb->use_indices) p.slots = NULL;
 #define RUN()                                                                              \
   (pb->use_indices ? smla_forward_indices(plan, &p, &ix, NULL) : smla_forward(plan, &p, NULL))
   s = RUN();
