@@ -107,8 +107,8 @@ __host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
   l.rowmax = l.red + 2u * 64u * 4u; /* [64] float */
   l.mask = l.rowmax + 64u * 4u;  /* [4][64] uint8 (not with SMLA_FWD90_WS; v7: [2] flags) */
   l.xm = l.mask + 4u * 64u;      /* [2][64] float: the seesaw's m0, m1 hand-offs */
-  l.bar = l.xm + 2u * 64u * 4u;  /* mbarriers full[2], empty[2] (SMLA_FWD90_WS) */
-  l.total = l.bar + 4u * 8u;
+  l.bar = l.xm + 2u * 64u * 4u;  /* mbarriers full[2], empty[2] (the seesaw: empty[2][2]) */
+  l.total = l.bar + 6u * 8u;
   return l;
 }
 
@@ -202,34 +202,33 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
   }
 }
 
-/* ---- v8b: the seesaw (SMLA_FWD90_SEESAW; docs/design/cuda-sm90-forward.md) -------------
+/* ---- v8: the seesaw (SMLA_FWD90_SEESAW; docs/design/cuda-sm90-forward.md) -------------
  * The two compute warpgroups take the tiles of a split in pairs: warpgroup w computes the
- * whole S of tile 2i + w (stage w; m64n64k16, Q read once a tile), and owns output columns
- * 256w..256w+255 of O as before. Per pair, with m the running row max (the same in both):
+ * whole S of tile 2i + w (stage w; m64n64k16, Q read once a tile) and owns output columns
+ * 256w..256w+255 of O as before. Each stage is released in two parts, A = column blocks
+ * 0-3 (V's left half) and B = blocks 4.. (right half and rope), each by the one warpgroup
+ * that reads it last, so that the gather warpgroup refills a part as soon as it is free
+ * (v8b released whole stages, so no gather was in flight during a pair: 1.2-1.7x slower).
+ * Per pair (v8c):
  *
- *   WG0: S0 done | m0 = max(m, rowmax S0) -> xm[0], arrive M0 | P0 = exp(S0 - m0), O *= a0
- *        | O += P0 V0[:, 0:256] (RS: P0 from registers)  | sync M1: s1 = exp(m0 - m1)
- *        | P0 s1 -> P block of stage 0, arrive P0 | wait, release stage 0, O *= s1
- *        | sync P1 | O += P1 V1[:, 0:256] (SS) | wait, release stage 1 | S(2i+2)
- *   WG1: S1 done | sync M0: m1 = max(m0, rowmax S1) -> xm[1], arrive M1 | P1 = exp(S1 - m1),
- *        O *= exp(m - m1) | O += P1 V1[:, 256:512] (RS) | P1 -> P block of stage 1,
- *        arrive P1 | sync P0 | O += P0' V0[:, 256:512] (SS) | release 1, release 0 | S(2i+3)
+ *   WG0: S0 done | rowmax -> xm[0] | X | m = max(m, xm[0], xm[1]); P0 = exp(S0 - m) ->
+ *        P0 block, O *= a | O += P0 V0[:, 0:256] (RS, P0 from registers) | Y |
+ *        O += P1 V1[:, 0:256] (SS) | local done: release A0 | cross done: release A1 | S(2i+2)
+ *   WG1: S1 done | rowmax -> xm[1] | X | the same m; P1 = exp(S1 - m) -> P1 block, O *= a |
+ *        Y | O += P0 V0[:, 256:512] (SS), O += P1 V1[:, 256:512] (RS) | cross done: release
+ *        B0 | local done: release B1 | S(2i+3)
  *
- * The row max runs one way (WG0 -> WG1 -> WG0), so WG1's softmax runs under WG0's local
- * PV and WG0's P store under WG1's; P0 is stored already scaled to m1, so WG1 adds it
- * without a rescale between its two PVs. An odd last tile: WG1 has no S, takes m1 = m0
- * and only adds P0 V0; neither M1 nor P1 is used. Stage s is released by 8 warp arrivals:
- * its owner's 4 after the local PV, the other warpgroup's 4 after the cross PV. Each
- * hand-off is a 256-thread named barrier (one warpgroup arrives, the other syncs), used
- * at most once a pair and consumed before it is armed again (a chain through the other
- * barriers orders them). */
+ * X and Y are 256-thread named barriers (bar.sync on both sides: compute-sanitizer's
+ * racecheck orders bar.sync, not a bar.arrive hand-off). The gather warpgroup refills
+ * stage 0 in the order A, B and stage 1 in the order B, A (the order they are freed).
+ * P0 lives in stage 0's rope block (dr = 64; part B, freed after WG1's cross PV) or a
+ * block of its own (dr = 0); P1 in a block of its own. An odd last tile: WG1 has no S
+ * (its row max is -inf) and only adds P0 V0. */
 #ifndef SMLA_FWD90_SEESAW
 #define SMLA_FWD90_SEESAW 0
 #endif
-#define W_BAR_M0 4 /* xm[0] holds WG0's m0 */
-#define W_BAR_M1 5 /* xm[1] holds WG1's m1 */
-#define W_BAR_P0 6 /* P0, scaled to m1, in stage 0's P block */
-#define W_BAR_P1 7 /* P1 in stage 1's P block */
+#define W_BAR_X 4 /* both row maxima in xm */
+#define W_BAR_Y 5 /* both P blocks written */
 
 /* The slots of this thread's 16 entries of a tile (S columns 8 n + 2 tig + e). */
 __device__ __forceinline__ void w8_load_slots(const smla_cuda_fwd_args &a, const fwd_block &b,
@@ -382,13 +381,12 @@ __device__ __forceinline__ void w8_loop(const smla_cuda_fwd_args &a, const fwd_b
   const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
   const int ntiles = blk.ntiles;
   const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv;
+  /* full[stage], then empty[stage][part A, B] at empty_b + 8 (2 stage + part) */
   const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u;
-  /* Stage st's P block: its rope block (dr = 64) or a block of its own. */
-  const uint32_t p_off0 = DR ? L.kv + 8u * W_KB_BYTES : L.p;
-  const uint32_t p_step = DR ? TILE : (uint32_t)W_KB_BYTES;
+  const uint32_t p0 = DR ? L.kv + 8u * W_KB_BYTES : L.p; /* P0 block */
+  const uint32_t p1 = DR ? L.p : L.p + W_KB_BYTES;       /* P1 block */
   float *xm = (float *)(smem + L.xm); /* [2][64] */
-  const uint32_t my_kv = kv_s + (uint32_t)wg * TILE, other_kv = kv_s + (uint32_t)(1 - wg) * TILE;
-  const uint32_t my_p = p_off0 + (uint32_t)wg * p_step, other_p = p_off0 + (uint32_t)(1 - wg) * p_step;
+  const uint32_t my_kv = kv_s + (uint32_t)wg * TILE;
 
   float s[32];
   uint32_t pa[16];
@@ -405,104 +403,75 @@ __device__ __forceinline__ void w8_loop(const smla_cuda_fwd_args &a, const fwd_b
   }
 #pragma unroll 1
   for (int i = 0; 2 * i < ntiles; i++) {
-    const bool has1 = 2 * i + 1 < ntiles;
+    const bool has1 = 2 * i + 1 < ntiles, mine = wg == 0 || has1;
+    const uint32_t par = (uint32_t)(i & 1);
     float tmax[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};
-    if (wg == 0) {
-      w8_logits(a, s, um, tmax);
-      float m0[2], mls[2], al[2];
+    if (mine) w8_logits(a, s, um, tmax);
+    if (tig == 0) xm[64 * wg + r0] = tmax[0], xm[64 * wg + r0 + 8] = tmax[1];
+    named_bar_sync(W_BAR_X, 256);
+    float al[2], mls[2];
 #pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        m0[hh] = fmax_nan(m_run[hh], tmax[hh]); /* NaN: out, lse, max NaN */
-        const float use = m0[hh] == -INFINITY ? 0.0f : m0[hh]; /* nothing used yet */
-        al[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-        mls[hh] = use * FWD_LOG2E;
-        if (tig == 0) xm[r0 + 8 * hh] = m0[hh];
-      }
-      named_bar_arrive(W_BAR_M0, 256);
+    for (int hh = 0; hh < 2; hh++) {
+      const int row = r0 + 8 * hh;
+      /* the same operations on the same values in both warpgroups: the same m */
+      const float m_new = fmax_nan(m_run[hh], fmax_nan(xm[row], xm[64 + row]));
+      const float use = m_new == -INFINITY ? 0.0f : m_new; /* nothing used yet */
+      al[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);  /* NaN: out, lse, max NaN */
+      mls[hh] = use * FWD_LOG2E;
+      m_run[hh] = m_new;
+    }
+    if (mine) {
       w8_exp(s, mls, pa, lsum);
+      const float one[2] = {1.0f, 1.0f};
+      w8_store_p(smem + (wg ? p1 : p0), s, one, r0, tig);
+    }
 #pragma unroll
-      for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * al[hh] + lsum[hh];
-      w8_scale_o(O, al);
-      w8_pv_rs(O, pa, my_kv, 0);
+    for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * al[hh] + lsum[hh];
+    w8_scale_o(O, al);
+    if (wg == 0) {
+      w8_pv_rs(O, pa, kv_s, 0); /* P0 V0, left half */
+      named_bar_sync(W_BAR_Y, 256);
       if (has1) {
-        named_bar_sync(W_BAR_M1, 256);
-        float sc[2];
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-          const float m1 = xm[64 + r0 + 8 * hh];
-          const float use = m1 == -INFINITY ? 0.0f : m1;
-          sc[hh] = ex2_approx((m0[hh] - use) * FWD_LOG2E); /* 1 when m1 == m0; 0 when m0 = -inf */
-          l_run[hh] *= sc[hh];
-          m_run[hh] = m1;
-        }
-        w8_store_p(smem + my_p, s, sc, r0, tig);
-        named_bar_arrive(W_BAR_P0, 256);
-        wg_wait<0>(); /* the local PV */
-        w8_keep(pa);
-        w8_pin_o(O);
-        if (lane == 0) mbar_arrive(empty_b); /* stage 0: S0 and its PV done here */
-        w8_scale_o(O, sc);
-        named_bar_sync(W_BAR_P1, 256);
-        mbar_wait(full_b + 8u, (uint32_t)(i & 1)); /* tile 2i+1 (complete: no wait) */
+        mbar_wait(full_b + 8u, par); /* tile 2i+1 (complete: returns at once) */
         fence_proxy_async();
-        w8_pv_ss(O, sbase + other_p, other_kv, 0);
+        w8_pv_ss(O, sbase + p1, kv_s + TILE, 0); /* P1 V1, left half */
+        wg_wait<1>();
+        w8_keep(pa);
+        mbar_arrive_if(empty_b, lane == 0); /* A0: S0 and P0 V0L done */
         wg_wait<0>();
         w8_pin_o(O);
-        if (lane == 0) mbar_arrive(empty_b + 8u); /* stage 1: this half's cross PV done */
+        mbar_arrive_if(empty_b + 16u, lane == 0); /* A1: P1 V1L done (S1 before Y) */
       } else {
-        m_run[0] = m0[0], m_run[1] = m0[1];
-        const float one[2] = {1.0f, 1.0f};
-        w8_store_p(smem + my_p, s, one, r0, tig);
-        named_bar_arrive(W_BAR_P0, 256);
         wg_wait<0>();
         w8_keep(pa);
         w8_pin_o(O);
-        if (lane == 0) mbar_arrive(empty_b);
+        mbar_arrive_if(empty_b, lane == 0);
       }
     } else {
-      if (has1) w8_logits(a, s, um, tmax);
-      named_bar_sync(W_BAR_M0, 256);
-      float be[2], mls[2];
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        const float m1 = fmax_nan(xm[r0 + 8 * hh], tmax[hh]);
-        if (has1 && tig == 0) xm[64 + r0 + 8 * hh] = m1;
-        const float use = m1 == -INFINITY ? 0.0f : m1;
-        be[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-        mls[hh] = use * FWD_LOG2E;
-        m_run[hh] = m1;
-      }
-      if (has1) {
-        named_bar_arrive(W_BAR_M1, 256);
-        w8_exp(s, mls, pa, lsum);
-      }
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * be[hh] + lsum[hh];
-      w8_scale_o(O, be);
-      if (has1) {
-        w8_pv_rs(O, pa, my_kv, 1);
-        const float one[2] = {1.0f, 1.0f};
-        w8_store_p(smem + my_p, s, one, r0, tig);
-        named_bar_arrive(W_BAR_P1, 256);
-      }
-      named_bar_sync(W_BAR_P0, 256);
-      mbar_wait(full_b, (uint32_t)(i & 1)); /* tile 2i (complete: no wait) */
+      named_bar_sync(W_BAR_Y, 256);
+      mbar_wait(full_b, par); /* tile 2i (complete: returns at once) */
       fence_proxy_async();
-      w8_pv_ss(O, sbase + other_p, other_kv, 1);
       if (has1) {
-        wg_wait<1>(); /* the local PV */
+        w8_pv_ss(O, sbase + p0, kv_s, 1); /* P0 V0, right half */
+        w8_pv_rs(O, pa, kv_s + TILE, 1); /* P1 V1, right half */
+        wg_wait<1>();
+        mbar_arrive_if(empty_b + 8u, lane == 0); /* B0: P0 V0R done (S0, P0 before Y) */
+        wg_wait<0>();
         w8_keep(pa);
-        if (lane == 0) mbar_arrive(empty_b + 8u);
+        w8_pin_o(O);
+        mbar_arrive_if(empty_b + 24u, lane == 0); /* B1: S1 and P1 V1R done */
+      } else {
+        w8_pv_ss(O, sbase + p0, kv_s, 1);
+        wg_wait<0>();
+        w8_pin_o(O);
+        mbar_arrive_if(empty_b + 8u, lane == 0);
       }
-      wg_wait<0>();
-      w8_pin_o(O);
-      if (lane == 0) mbar_arrive(empty_b); /* stage 0: the cross PV done */
     }
     /* This warpgroup's next tile: 2 (i + 1) + wg. */
     const int jn = 2 * (i + 1) + wg;
     if (jn < ntiles) {
       w8_load_slots(a, blk, jn, tig, cslot); /* in flight under the wait and S */
-      mbar_wait(full_b + 8u * (uint32_t)wg, (uint32_t)((i + 1) & 1));
+      mbar_wait(full_b + 8u * (uint32_t)wg, par ^ 1u);
       fence_proxy_async();
       w8_issue_s<KB>(s, q_s, my_kv);
       wg_wait<0>();
@@ -564,7 +533,10 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u;
   if (tid == 0) {
     mbar_init(full_b, 128), mbar_init(full_b + 8u, 128); /* the gather threads */
-    mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);   /* the compute warps */
+    if (SEESAW) /* [stage][part]: the 4 warps of the part's last reader */
+      for (int b = 0; b < 4; b++) mbar_init(empty_b + 8u * b, 4);
+    else
+      mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8); /* the compute warps */
   }
   __syncthreads();
   if (tid >= W_THREADS) {
@@ -589,13 +561,33 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #pragma unroll 1
       for (int j = 0; j < ntiles; j++) {
         const uint32_t st = (uint32_t)(j & 1);
-        if (j >= 2) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
+        if (j >= 2 && !SEESAW) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
         const int32_t sc = sn;
         if (j + 1 < ntiles) sn = slot_at(a, req, slot_row, ks, kend, j + 1, my_row);
         unsigned nb = 0;
         const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
         bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
         const uint32_t base = kv_s + st * TILE;
+        if (SEESAW) {
+          /* Part by part, in the order they are freed (stage 0: A, B; stage 1: B, A). */
+#pragma unroll 1
+          for (int pp = 0; pp < 2; pp++) {
+            const int part = st ? 1 - pp : pp, cb0 = part ? 4 : 0, cb1 = part ? KB : 4;
+            if (j >= 2)
+              mbar_wait(empty_b + 8u * (2u * st + (uint32_t)part), (uint32_t)(((j >> 1) - 1) & 1));
+#pragma unroll 1
+            for (int rg = 0; rg < 4; rg++) {
+              const int rr = 4 * rg + rl, row = 16 * pw + rr;
+              const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
+              const int u = __shfl_sync(0xffffffffu, u_mine, rr);
+              const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
+#pragma unroll 1
+              for (int cb = cb0; cb < cb1; cb++)
+                cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl),
+                            u ? 16u : 0u);
+            }
+          }
+        } else {
 #pragma unroll 1
         for (int rg = 0; rg < 4; rg++) {
           const int rr = 4 * rg + rl, row = 16 * pw + rr;
@@ -605,6 +597,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #pragma unroll
           for (int cb = 0; cb < KB; cb++)
             cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
+        }
         }
         mbar_arrive_cp_async_noinc(full_b + 8u * st); /* this thread's arrival, once its
                                                          copies have landed */
@@ -1076,6 +1069,8 @@ static cudaLaunchConfig_t w_config(unsigned blocks, uint32_t smem, int cluster, 
   c.numAttrs = cluster > 1 ? 1 : 0; /* no cluster attribute on a plain launch */
   return c;
 }
+
+extern "C" int smla_cuda_fwd90_seesaw(void) { return SMLA_FWD90_SEESAW != 0; }
 
 extern "C" int smla_cuda_fwd90_early_min_tiles(void) {
   return SMLA_FWD90_WS && !SMLA_FWD90_SEESAW ? W_EARLY_MIN_TILES : 0;

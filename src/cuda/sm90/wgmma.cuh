@@ -125,6 +125,15 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
+/* @p mbarrier.arrive.shared::cta.b64: an arrival by the threads with pred != 0, as one
+ * predicated instruction (no branch: ptxas serializes wgmma around a divergent path while
+ * one is in flight). */
+__device__ __forceinline__ void mbar_arrive_if(uint32_t bar, int pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n"
+               "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar), "r"(pred)
+               : "memory");
+}
+
 /* cp.async.mbarrier.arrive.noinc.shared::cta.b64: one of the phase's arrivals, made when
  * every cp.async this thread issued before has landed (the barrier's count includes it). */
 __device__ __forceinline__ void mbar_arrive_cp_async_noinc(uint32_t bar) {
