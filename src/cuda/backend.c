@@ -554,9 +554,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
     device_leave(ctx, prev);
   }
   char early[64] = "";
-  if (sm90 && smla_cuda_fwd90_seesaw())
-    snprintf(early, sizeof early, ", seesaw tile pairs");
-  else if (sm90 && smla_cuda_fwd90_early_min_tiles() > 0)
+  if (sm90 && smla_cuda_fwd90_early_min_tiles() > 0)
     snprintf(early, sizeof early, ", S behind PV from %d tiles a split",
              smla_cuda_fwd90_early_min_tiles());
   char merge[128] = "";

@@ -92,23 +92,20 @@ __device__ __forceinline__ uint64_t probe_ns() {
 #define W_KB_BYTES 8192 /* one [64 rows][128 B] block of 64 bf16 columns */
 
 struct w_layout {
-  uint32_t q, kv, p, red, rowmax, mask, xm, bar, total;
+  uint32_t q, kv, p, red, rowmax, mask, bar, total;
 };
 
-/* dr = 0 has room for a second P block (the seesaw's P of each stage; dr = 64 keeps a
- * stage's P in its rope block, which no PV reads): 208 KB. */
 __host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
   w_layout l;
   const uint32_t tile = (uint32_t)((512 + dr) / 64) * W_KB_BYTES;
   l.q = 0;
   l.kv = l.q + tile;
   l.p = l.kv + 2u * tile;
-  l.red = l.p + (dr ? 1u : 2u) * W_KB_BYTES; /* [2][64] float */
+  l.red = l.p + W_KB_BYTES;      /* [2][64] float */
   l.rowmax = l.red + 2u * 64u * 4u; /* [64] float */
   l.mask = l.rowmax + 64u * 4u;  /* [4][64] uint8 (not with SMLA_FWD90_WS; v7: [2] flags) */
-  l.xm = l.mask + 4u * 64u;      /* [2][64] float: the seesaw's m0, m1 hand-offs */
-  l.bar = l.xm + 2u * 64u * 4u;  /* mbarriers full[2], empty[2] (the seesaw: empty[2][2]) */
-  l.total = l.bar + 6u * 8u;
+  l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2] (SMLA_FWD90_WS) */
+  l.total = l.bar + 4u * 8u;
   return l;
 }
 
@@ -202,287 +199,7 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
   }
 }
 
-/* ---- v8: the seesaw (SMLA_FWD90_SEESAW; docs/design/cuda-sm90-forward.md) -------------
- * The two compute warpgroups take the tiles of a split in pairs: warpgroup w computes the
- * whole S of tile 2i + w (stage w; m64n64k16, Q read once a tile) and owns output columns
- * 256w..256w+255 of O as before. Each stage is released in two parts, A = column blocks
- * 0-3 (V's left half) and B = blocks 4.. (right half and rope), each by the one warpgroup
- * that reads it last, so that the gather warpgroup refills a part as soon as it is free
- * (v8b released whole stages, so no gather was in flight during a pair: 1.2-1.7x slower).
- * Per pair (v8c):
- *
- *   WG0: S0 done | rowmax -> xm[0] | X | m = max(m, xm[0], xm[1]); P0 = exp(S0 - m) ->
- *        P0 block, O *= a | O += P0 V0[:, 0:256] (RS, P0 from registers) | Y |
- *        O += P1 V1[:, 0:256] (SS) | local done: release A0 | cross done: release A1 | S(2i+2)
- *   WG1: S1 done | rowmax -> xm[1] | X | the same m; P1 = exp(S1 - m) -> P1 block, O *= a |
- *        Y | O += P0 V0[:, 256:512] (SS), O += P1 V1[:, 256:512] (RS) | cross done: release
- *        B0 | local done: release B1 | S(2i+3)
- *
- * X and Y are 256-thread named barriers (bar.sync on both sides: compute-sanitizer's
- * racecheck orders bar.sync, not a bar.arrive hand-off). The gather warpgroup refills
- * stage 0 in the order A, B and stage 1 in the order B, A (the order they are freed).
- * P0 lives in stage 0's rope block (dr = 64; part B, freed after WG1's cross PV) or a
- * block of its own (dr = 0); P1 in a block of its own. An odd last tile: WG1 has no S
- * (its row max is -inf) and only adds P0 V0. */
-#ifndef SMLA_FWD90_SEESAW
-#define SMLA_FWD90_SEESAW 0
-#endif
-#define W_BAR_X 4 /* both row maxima in xm */
-#define W_BAR_Y 5 /* both P blocks written */
-
-/* The slots of this thread's 16 entries of a tile (S columns 8 n + 2 tig + e). */
-__device__ __forceinline__ void w8_load_slots(const smla_cuda_fwd_args &a, const fwd_block &b,
-                                              int tile, int tig, int32_t cs[16]) {
-#pragma unroll
-  for (int q = 0; q < 16; q++)
-    cs[q] = slot_at(a, b.req, b.slot_row, b.ks, b.kend, tile, 8 * (q >> 1) + 2 * tig + (q & 1));
-}
-
-/* Bit 2 n + e: entry 8 n + 2 tig + e of the tile is used. */
-__device__ __forceinline__ unsigned w8_mask(const smla_cuda_fwd_args &a, const int32_t cs[16]) {
-  unsigned um = 0;
-#pragma unroll
-  for (int q = 0; q < 16; q++) um |= (cs[q] >= 0 && (int64_t)cs[q] < a.num_slots ? 1u : 0u) << q;
-  return um;
-}
-
-/* S = Q K^T of the tile at kvb: all 64 heads x 64 entries (issued and committed). */
-template <int KB>
-__device__ __forceinline__ void w8_issue_s(float s[32], uint32_t q_s, uint32_t kvb) {
-  /* Not hoisted out of the loop: the 2 x 32..36 live descriptors would spill. */
-  asm volatile("mov.u32 %0, %0;" : "+r"(q_s));
-#pragma unroll
-  for (int i = 0; i < 32; i++) s[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 32; i++) wg_pin(s[i]);
-  wg_fence();
-#pragma unroll
-  for (int kb = 0; kb < KB; kb++)
-#pragma unroll
-    for (int k4 = 0; k4 < 4; k4++)
-      wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
-                         wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
-  wg_commit();
-}
-
-/* Logits in place (scale, softcap, masked -> -inf) and this thread's rows' maxima over the
- * tile (quad-reduced: rows r0 and r0 + 8). */
-__device__ __forceinline__ void w8_logits(const smla_cuda_fwd_args &a, float s[32], unsigned um,
-                                          float tmax[2]) {
-  tmax[0] = tmax[1] = -INFINITY;
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      float v = s[4 * n + e] * a.logit_scale;
-      if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
-      v = (um >> (2 * n + (e & 1))) & 1u ? v : -INFINITY;
-      s[4 * n + e] = v;
-      tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
-    }
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) {
-    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
-    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
-  }
-}
-
-/* s <- exp(s - m) (mls = m log2 e, per row), pa <- the bf16 pairs (RS A fragments: k-step
- * k is pa[4k..4k+3]); returns nothing, adds the rows' sums to lsum. */
-__device__ __forceinline__ void w8_exp(float s[32], const float mls[2], uint32_t pa[16],
-                                       float lsum[2]) {
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
-      const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
-      s[4 * n + 2 * hh] = p0, s[4 * n + 2 * hh + 1] = p1;
-      lsum[hh] += p0 + p1;
-      pa[2 * n + hh] = pack_bf16x2(p0, p1);
-    }
-}
-
-/* This thread's P (s, times the row factor f) as bf16 pairs into a K-major 128-byte-
- * swizzled [64][64] block (the A operand of the other warpgroup's cross PV), made visible
- * to wgmma. f = 1 stores exactly the pairs of w8_exp. */
-__device__ __forceinline__ void w8_store_p(uint8_t *blk, const float s[32], const float f[2],
-                                           int r0, int tig) {
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++)
-      *(uint32_t *)(blk + w_chunk(r0 + 8 * hh, n) + 4 * tig) =
-          pack_bf16x2(s[4 * n + 2 * hh] * f[hh], s[4 * n + 2 * hh + 1] * f[hh]);
-  fence_proxy_async();
-}
-
-/* After the wait that covers an RS wgmma: its A registers were live until here. */
-__device__ __forceinline__ void w8_keep(const uint32_t pa[16]) {
-#pragma unroll
-  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
-}
-
-__device__ __forceinline__ void w8_pin_o(float O[2][64]) {
-#pragma unroll
-  for (int h = 0; h < 2; h++)
-#pragma unroll
-    for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
-}
-
-__device__ __forceinline__ void w8_scale_o(float O[2][64], const float f[2]) {
-#pragma unroll
-  for (int h = 0; h < 2; h++)
-#pragma unroll
-    for (int i = 0; i < 64; i++) O[h][i] *= f[(i >> 1) & 1];
-}
-
-/* O[:, 256 wg + ...] += P V of the stage at kvb: A = pa from registers (local). */
-__device__ __forceinline__ void w8_pv_rs(float O[2][64], const uint32_t pa[16], uint32_t kvb,
-                                         int wg) {
-  w8_pin_o(O);
-  wg_fence();
-#pragma unroll
-  for (int k = 0; k < 4; k++)
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-      wgmma_m64n128k16_rs_tb(O[h], pa + 4 * k,
-                             wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * W_KB_BYTES + k * 16 * 128),
-                                     W_KB_BYTES, 1024));
-  wg_commit();
-}
-
-/* O[:, 256 wg + ...] += P V of the stage at kvb: A = the P block at p_s (cross). */
-__device__ __forceinline__ void w8_pv_ss(float O[2][64], uint32_t p_s, uint32_t kvb, int wg) {
-  w8_pin_o(O);
-  wg_fence();
-#pragma unroll
-  for (int k = 0; k < 4; k++) {
-    const uint64_t da = wg_desc(p_s + k * 32, 16, 1024);
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-      wgmma_m64n128k16_ss_tb(O[h], da,
-                             wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * W_KB_BYTES + k * 16 * 128),
-                                     W_KB_BYTES, 1024));
-  }
-  wg_commit();
-}
-
-/* The seesaw tile loop of one compute warpgroup (wg 0 or 1): O, m_run, l_run as the v3
- * loop leaves them (both warpgroups end at the same m_run; l_run is the warpgroup's own
- * P's share, relative to it). */
-template <int DR>
-__device__ __forceinline__ void w8_loop(const smla_cuda_fwd_args &a, const fwd_block &blk,
-                                        uint8_t *smem, uint32_t sbase, const w_layout &L, int wg,
-                                        float O[2][64], float m_run[2], float l_run[2]) {
-  constexpr int KB = (512 + DR) / 64;
-  constexpr uint32_t TILE = KB * W_KB_BYTES;
-  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
-  const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
-  const int ntiles = blk.ntiles;
-  const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv;
-  /* full[stage], then empty[stage][part A, B] at empty_b + 8 (2 stage + part) */
-  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u;
-  const uint32_t p0 = DR ? L.kv + 8u * W_KB_BYTES : L.p; /* P0 block */
-  const uint32_t p1 = DR ? L.p : L.p + W_KB_BYTES;       /* P1 block */
-  float *xm = (float *)(smem + L.xm); /* [2][64] */
-  const uint32_t my_kv = kv_s + (uint32_t)wg * TILE;
-
-  float s[32];
-  uint32_t pa[16];
-  int32_t cslot[16];
-  w8_load_slots(a, blk, wg, tig, cslot);
-  unsigned um = w8_mask(a, cslot);
-  if (wg < ntiles) {
-    mbar_wait(full_b + 8u * (uint32_t)wg, 0u); /* tile wg (and Q) */
-    fence_proxy_async();
-    w8_issue_s<KB>(s, q_s, my_kv);
-    wg_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 32; i++) wg_pin(s[i]);
-  }
-#pragma unroll 1
-  for (int i = 0; 2 * i < ntiles; i++) {
-    const bool has1 = 2 * i + 1 < ntiles, mine = wg == 0 || has1;
-    const uint32_t par = (uint32_t)(i & 1);
-    float tmax[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};
-    if (mine) w8_logits(a, s, um, tmax);
-    if (tig == 0) xm[64 * wg + r0] = tmax[0], xm[64 * wg + r0 + 8] = tmax[1];
-    named_bar_sync(W_BAR_X, 256);
-    float al[2], mls[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const int row = r0 + 8 * hh;
-      /* the same operations on the same values in both warpgroups: the same m */
-      const float m_new = fmax_nan(m_run[hh], fmax_nan(xm[row], xm[64 + row]));
-      const float use = m_new == -INFINITY ? 0.0f : m_new; /* nothing used yet */
-      al[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);  /* NaN: out, lse, max NaN */
-      mls[hh] = use * FWD_LOG2E;
-      m_run[hh] = m_new;
-    }
-    if (mine) {
-      w8_exp(s, mls, pa, lsum);
-      const float one[2] = {1.0f, 1.0f};
-      w8_store_p(smem + (wg ? p1 : p0), s, one, r0, tig);
-    }
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * al[hh] + lsum[hh];
-    w8_scale_o(O, al);
-    if (wg == 0) {
-      w8_pv_rs(O, pa, kv_s, 0); /* P0 V0, left half */
-      named_bar_sync(W_BAR_Y, 256);
-      if (has1) {
-        mbar_wait(full_b + 8u, par); /* tile 2i+1 (complete: returns at once) */
-        fence_proxy_async();
-        w8_pv_ss(O, sbase + p1, kv_s + TILE, 0); /* P1 V1, left half */
-        wg_wait<1>();
-        w8_keep(pa);
-        mbar_arrive_if(empty_b, lane == 0); /* A0: S0 and P0 V0L done */
-        wg_wait<0>();
-        w8_pin_o(O);
-        mbar_arrive_if(empty_b + 16u, lane == 0); /* A1: P1 V1L done (S1 before Y) */
-      } else {
-        wg_wait<0>();
-        w8_keep(pa);
-        w8_pin_o(O);
-        mbar_arrive_if(empty_b, lane == 0);
-      }
-    } else {
-      named_bar_sync(W_BAR_Y, 256);
-      mbar_wait(full_b, par); /* tile 2i (complete: returns at once) */
-      fence_proxy_async();
-      if (has1) {
-        w8_pv_ss(O, sbase + p0, kv_s, 1); /* P0 V0, right half */
-        w8_pv_rs(O, pa, kv_s + TILE, 1); /* P1 V1, right half */
-        wg_wait<1>();
-        mbar_arrive_if(empty_b + 8u, lane == 0); /* B0: P0 V0R done (S0, P0 before Y) */
-        wg_wait<0>();
-        w8_keep(pa);
-        w8_pin_o(O);
-        mbar_arrive_if(empty_b + 24u, lane == 0); /* B1: S1 and P1 V1R done */
-      } else {
-        w8_pv_ss(O, sbase + p0, kv_s, 1);
-        wg_wait<0>();
-        w8_pin_o(O);
-        mbar_arrive_if(empty_b + 8u, lane == 0);
-      }
-    }
-    /* This warpgroup's next tile: 2 (i + 1) + wg. */
-    const int jn = 2 * (i + 1) + wg;
-    if (jn < ntiles) {
-      w8_load_slots(a, blk, jn, tig, cslot); /* in flight under the wait and S */
-      mbar_wait(full_b + 8u * (uint32_t)wg, par ^ 1u);
-      fence_proxy_async();
-      w8_issue_s<KB>(s, q_s, my_kv);
-      wg_wait<0>();
-      um = w8_mask(a, cslot);
-#pragma unroll
-      for (int q = 0; q < 32; q++) wg_pin(s[q]);
-    }
-  }
-}
-
-template <int DR, bool EARLY, bool SEESAW>
+template <int DR, bool EARLY>
 __global__ void __launch_bounds__(W_BLOCK, 1)
     fwd90_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
   constexpr int BN = FWD_BN;
@@ -533,10 +250,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u;
   if (tid == 0) {
     mbar_init(full_b, 128), mbar_init(full_b + 8u, 128); /* the gather threads */
-    if (SEESAW) /* [stage][part]: the 4 warps of the part's last reader */
-      for (int b = 0; b < 4; b++) mbar_init(empty_b + 8u * b, 4);
-    else
-      mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8); /* the compute warps */
+    mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);   /* the compute warps */
   }
   __syncthreads();
   if (tid >= W_THREADS) {
@@ -561,33 +275,13 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #pragma unroll 1
       for (int j = 0; j < ntiles; j++) {
         const uint32_t st = (uint32_t)(j & 1);
-        if (j >= 2 && !SEESAW) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
+        if (j >= 2) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
         const int32_t sc = sn;
         if (j + 1 < ntiles) sn = slot_at(a, req, slot_row, ks, kend, j + 1, my_row);
         unsigned nb = 0;
         const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
         bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
         const uint32_t base = kv_s + st * TILE;
-        if (SEESAW) {
-          /* Part by part, in the order they are freed (stage 0: A, B; stage 1: B, A). */
-#pragma unroll 1
-          for (int pp = 0; pp < 2; pp++) {
-            const int part = st ? 1 - pp : pp, cb0 = part ? 4 : 0, cb1 = part ? KB : 4;
-            if (j >= 2)
-              mbar_wait(empty_b + 8u * (2u * st + (uint32_t)part), (uint32_t)(((j >> 1) - 1) & 1));
-#pragma unroll 1
-            for (int rg = 0; rg < 4; rg++) {
-              const int rr = 4 * rg + rl, row = 16 * pw + rr;
-              const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
-              const int u = __shfl_sync(0xffffffffu, u_mine, rr);
-              const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
-#pragma unroll 1
-              for (int cb = cb0; cb < cb1; cb++)
-                cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl),
-                            u ? 16u : 0u);
-            }
-          }
-        } else {
 #pragma unroll 1
         for (int rg = 0; rg < 4; rg++) {
           const int rr = 4 * rg + rl, row = 16 * pw + rr;
@@ -597,7 +291,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #pragma unroll
           for (int cb = 0; cb < KB; cb++)
             cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
-        }
         }
         mbar_arrive_cp_async_noinc(full_b + 8u * st); /* this thread's arrival, once its
                                                          copies have landed */
@@ -620,10 +313,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};
 
   if (ntiles > 0) {
-#if SMLA_FWD90_WS
-    if (SEESAW) w8_loop<DR>(a, blk, smem, sbase, L, wg, O, m_run, l_run);
-#endif
-    if (!SEESAW) {
 #if !SMLA_FWD90_WS
     /* Q rows (heads h0..h0+63), zero past N. Joins the first cp.async group. */
     for (int idx = tid; idx < W_HEADS * QCH; idx += W_THREADS) {
@@ -875,7 +564,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #if SMLA_FWD90_WS
 #undef W_MASK_NEXT
 #endif
-    } /* !SEESAW */
 #if SMLA_FWD90_PROBE
     pr2 = probe_ns();
 #endif
@@ -1026,23 +714,11 @@ extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr) {
   return w_layout_of(dr).total + 1024u; /* + slack to align the base to 1024 */
 }
 
-/* The kernel for a Dr and whether it pipelines S behind PV (v7, W_EARLY_MIN_TILES); a
- * SMLA_FWD90_SEESAW build runs v8b at every tile count. */
-#if SMLA_FWD90_SEESAW && !SMLA_FWD90_WS
-#error "the seesaw (SMLA_FWD90_SEESAW) needs the gather warpgroup (SMLA_FWD90_WS)"
-#endif
+/* The kernel for a Dr and whether it pipelines S behind PV (v7, W_EARLY_MIN_TILES). */
 static const void *w_kernel(int dr, bool early) {
-#if SMLA_FWD90_SEESAW
-  (void)early;
-  return dr == 64 ? (const void *)fwd90_kernel<64, false, true>
-                  : (const void *)fwd90_kernel<0, false, true>;
-#else
   if (dr == 64)
-    return early ? (const void *)fwd90_kernel<64, true, false>
-                 : (const void *)fwd90_kernel<64, false, false>;
-  return early ? (const void *)fwd90_kernel<0, true, false>
-               : (const void *)fwd90_kernel<0, false, false>;
-#endif
+    return early ? (const void *)fwd90_kernel<64, true> : (const void *)fwd90_kernel<64, false>;
+  return early ? (const void *)fwd90_kernel<0, true> : (const void *)fwd90_kernel<0, false>;
 }
 
 extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int max_smem) {
@@ -1070,10 +746,8 @@ static cudaLaunchConfig_t w_config(unsigned blocks, uint32_t smem, int cluster, 
   return c;
 }
 
-extern "C" int smla_cuda_fwd90_seesaw(void) { return SMLA_FWD90_SEESAW != 0; }
-
 extern "C" int smla_cuda_fwd90_early_min_tiles(void) {
-  return SMLA_FWD90_WS && !SMLA_FWD90_SEESAW ? W_EARLY_MIN_TILES : 0;
+  return SMLA_FWD90_WS ? W_EARLY_MIN_TILES : 0;
 }
 
 extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int splits, int *clusters) {
@@ -1096,8 +770,7 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *
   cudaLaunchConfig_t c = w_config((unsigned)blocks, smla_cuda_fwd90_smem_bytes(dr),
                                   a->cluster_merge ? a->num_splits : 1, stream, &attr);
   void *args[1] = {(void *)a};
-  const bool early = SMLA_FWD90_WS && !SMLA_FWD90_SEESAW &&
-                     (a->split_len + 63) / 64 >= W_EARLY_MIN_TILES;
+  const bool early = SMLA_FWD90_WS && (a->split_len + 63) / 64 >= W_EARLY_MIN_TILES;
   /* (the plan's describe says so: smla_cuda_fwd90_early_min_tiles) */
   return cudaLaunchKernelExC(&c, w_kernel(dr, early), args);
 }
