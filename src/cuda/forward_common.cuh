@@ -25,16 +25,60 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *(const uint32_t *)&v;
 }
 
-/* The next slot a loader thread needs: entry ks + tile * BN + lr, or -1 past the end. With
- * a.conv.req_id (smla_forward_indices) slot_row holds request-local positions of request
- * req, converted here as smla_convert_indices would. */
+/* Entry ks + tile * BN + lr of the index row as stored (a slot; with a.conv.req_id
+ * (smla_forward_indices) a position of request req), or -1 past the end. */
+__device__ __forceinline__ int32_t raw_at(const int32_t *slot_row, int ks, int kend, int tile,
+                                          int lr) {
+  const int k = ks + tile * FWD_BN + lr;
+  return k < kend ? __ldg(slot_row + k) : -1;
+}
+
+/* The slot of a raw entry: itself, or its conversion as smla_convert_indices would make it
+ * (one block-table load, which depends on the raw entry's). */
+__device__ __forceinline__ int32_t slot_of(const smla_cuda_fwd_args &a, int32_t req,
+                                           int32_t raw) {
+  return a.conv.req_id ? convert_one(a.conv, req, raw) : raw;
+}
+
+/* The next slot a loader thread needs: entry ks + tile * BN + lr, or -1 past the end. */
 __device__ __forceinline__ int32_t slot_at(const smla_cuda_fwd_args &a, int32_t req,
                                            const int32_t *slot_row, int ks, int kend, int tile,
                                            int lr) {
-  const int k = ks + tile * FWD_BN + lr;
-  if (k >= kend) return -1;
-  const int32_t v = __ldg(slot_row + k);
-  return a.conv.req_id ? convert_one(a.conv, req, v) : v;
+  return slot_of(a, req, raw_at(slot_row, ks, kend, tile, lr));
+}
+
+/* A loader thread's slots two tiles deep: `slot` is the next tile's slot, `raw` the raw
+ * entry of the tile after. Fused (smla_forward_indices), each level's load then has a
+ * tile to land in: a slot_at of the next tile would stall the thread on the raw load
+ * before the block-table load could issue, in front of the current tile's copies. */
+struct slot_pipe {
+  int32_t slot, raw;
+};
+
+__device__ __forceinline__ slot_pipe slot_pipe_start(const smla_cuda_fwd_args &a, int32_t req,
+                                                     const int32_t *slot_row, int ks, int kend,
+                                                     int lr) {
+  slot_pipe p;
+  p.slot = slot_at(a, req, slot_row, ks, kend, 0, lr);
+  p.raw = raw_at(slot_row, ks, kend, 1, lr);
+  return p;
+}
+
+/* Tile `tile`'s slot; the pipe moves on to tiles tile + 1 (converting) and tile + 2.
+ * DEEP = false keeps one tile of look-ahead (slot_at of tile + 1; `raw` unused) for a
+ * kernel instance with no register to spare. */
+template <bool DEEP = true>
+__device__ __forceinline__ int32_t slot_pipe_next(slot_pipe &p, const smla_cuda_fwd_args &a,
+                                                  int32_t req, const int32_t *slot_row, int ks,
+                                                  int kend, int tile, int lr) {
+  const int32_t s = p.slot;
+  if (DEEP) {
+    p.slot = slot_of(a, req, p.raw);
+    p.raw = raw_at(slot_row, ks, kend, tile + 2, lr);
+  } else {
+    p.slot = slot_at(a, req, slot_row, ks, kend, tile + 1, lr);
+  }
+  return s;
 }
 
 /* Entry state of one loader row: used (read it), counted as bad (>= S or < -1). */

@@ -149,13 +149,15 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
                   head < a.num_heads ? 16 : 0);
     }
 
-    int32_t slot_pf = slot_at(a, req, slot_row, ks, kend, 0, lr); /* prefetched one tile ahead */
+    /* Two tiles ahead (one for the fp8 formats: their 64-head instance has no register
+     * to spare: 28 bytes of spills with two). */
+    constexpr bool PIPE_DEEP = FMT == FMT_BF16;
+    slot_pipe spipe = slot_pipe_start(a, req, slot_row, ks, kend, lr);
 
     /* Gathers tile j's row lr (this thread's quarter) into a bf16 KV buffer or a raw one. */
 #define ISSUE_TILE(j, dst_row)                                                              \
   do {                                                                                      \
-    const int32_t s_ = slot_pf;                                                             \
-    slot_pf = slot_at(a, req, slot_row, ks, kend, (j) + 1, lr);                                   \
+    const int32_t s_ = slot_pipe_next<PIPE_DEEP>(spipe, a, req, slot_row, ks, kend, (j), lr);          \
     const bool used_ = entry_used(a, s_, ks + (j) * BN + lr, kend, lp, &bad);               \
     if (lp == 0) mask_s[((j) & 3) * BN + lr] = used_;                                       \
     const uint8_t *src_ = a.cache + (used_ ? (int64_t)s_ * a.row_bytes : 0);                \
@@ -240,8 +242,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
           }
         } else {
           /* No staging buffer: load this thread's row quarter through registers. */
-          const int32_t s_ = slot_pf;
-          slot_pf = slot_at(a, req, slot_row, ks, kend, j + 1, lr);
+          const int32_t s_ = slot_pipe_next<PIPE_DEEP>(spipe, a, req, slot_row, ks, kend, j, lr);
           const bool used_ = entry_used(a, s_, ks + j * BN + lr, kend, lp, &bad);
           if (lp == 0) mask_s[(j & 3) * BN + lr] = used_;
           const uint8_t *src = a.cache + (used_ ? (int64_t)s_ * a.row_bytes : 0);

@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       const int pw = (tid - W_THREADS) >> 5, cl = lane & 7, rl = lane >> 3;
       const int my_row = 16 * pw + (lane & 15);
       /* Tile 0's slots first: their load's latency runs under the Q issue. */
-      int32_t sn = slot_at(a, req, slot_row, ks, kend, 0, my_row);
+      slot_pipe spipe = slot_pipe_start(a, req, slot_row, ks, kend, my_row);
 #pragma unroll 1
       for (int rg = 0; rg < 4; rg++) {
         const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
@@ -276,8 +276,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       for (int j = 0; j < ntiles; j++) {
         const uint32_t st = (uint32_t)(j & 1);
         if (j >= 2) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
-        const int32_t sc = sn;
-        if (j + 1 < ntiles) sn = slot_at(a, req, slot_row, ks, kend, j + 1, my_row);
+        const int32_t sc = slot_pipe_next(spipe, a, req, slot_row, ks, kend, j, my_row);
         unsigned nb = 0;
         const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
         bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
@@ -320,13 +319,12 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       cp_async_16(q_s + w_chunk(row, c), q_chunk_src(a, t, head, c), head < a.num_heads ? 16 : 0);
     }
 
-    int32_t slot_pf = slot_at(a, req, slot_row, ks, kend, 0, lr); /* prefetched one tile ahead */
+    slot_pipe spipe = slot_pipe_start(a, req, slot_row, ks, kend, lr); /* two tiles ahead */
     /* This thread's chunks of its row: c = lp + 4 i, i.e. block i / 2, chunk lp + 4 (i & 1). */
     const uint32_t row_off = (uint32_t)(lr * 128);
 #define W_ISSUE_TILE(j, stage_base)                                                         \
   do {                                                                                      \
-    const int32_t s_ = slot_pf;                                                             \
-    slot_pf = slot_at(a, req, slot_row, ks, kend, (j) + 1, lr);                                   \
+    const int32_t s_ = slot_pipe_next(spipe, a, req, slot_row, ks, kend, (j), lr);         \
     const bool used_ = entry_used(a, s_, ks + (j) * BN + lr, kend, lp, &bad);               \
     if (lp == 0) mask_s[((j) & 3) * BN + lr] = used_;                                       \
     const uint8_t *src_ = a.cache + (used_ ? (int64_t)s_ * a.row_bytes : 0);                \
@@ -347,10 +345,15 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     /* The slots of this thread's 8 entries of the tile (its S columns), loaded a tile
      * ahead: each compute thread masks its own logits, so no flag passes from the gather
      * warpgroup through shared memory (it counts the bad entries). */
-    int32_t cslot[8];
+    int32_t cslot[8], craw[8]; /* tile jj's slots, tile jj + 1's raw entries (slot_pipe) */
+#define W_COL(q_) (wg * 32 + ((q_) >> 1) * 8 + 2 * tig + ((q_) & 1))
 #define W_LOAD_SLOTS(jj)                                                                   \
-  _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) cslot[q_] =                             \
-      slot_at(a, req, slot_row, ks, kend, (jj), wg * 32 + (q_ >> 1) * 8 + 2 * tig + (q_ & 1))
+  _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) {                                       \
+    cslot[q_] = slot_of(a, req, craw[q_]);                                                 \
+    craw[q_] = raw_at(slot_row, ks, kend, (jj) + 1, W_COL(q_));                            \
+  }
+    _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) craw[q_] =
+        raw_at(slot_row, ks, kend, 0, W_COL(q_));
     W_LOAD_SLOTS(0);
 #endif
     /* S = Q K^T of the tile in stage kvb_: all 64 heads x this warpgroup's 32 entries. */
@@ -572,6 +575,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #if SMLA_FWD90_WS
 #undef W_LOAD_SLOTS
+#undef W_COL
 #else
 #undef W_ISSUE_TILE
     cp_async_wait<0>();
