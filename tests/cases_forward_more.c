@@ -512,6 +512,8 @@ static void indices_case(t_case *tc, int64_t T, int N, int K, int dr, smla_cache
 }
 static void c_indices_n16(t_case *tc) { indices_case(tc, 5, 16, 300, 64, SMLA_CACHE_BF16, 16, 0, 1, 0); }
 static void c_indices_n128(t_case *tc) { indices_case(tc, 3, 128, 2051, 64, SMLA_CACHE_BF16, 64, 0, 0, 0); }
+/* Block size 24: not a power of two, so the conversion divides instead of shifting. */
+static void c_indices_n128_bs24(t_case *tc) { indices_case(tc, 4, 128, 700, 64, SMLA_CACHE_BF16, 24, 0, 1, 0); }
 static void c_indices_n64_split3(t_case *tc) { indices_case(tc, 6, 64, 1000, 0, SMLA_CACHE_BF16, 1, 0, 1, 3); }
 static void c_indices_fp8ds_cp(t_case *tc) { indices_case(tc, 4, 64, 700, 64, SMLA_CACHE_FP8_DS, 16, 2, 1, 0); }
 static void c_indices_fp8t_n8(t_case *tc) { indices_case(tc, 7, 8, 129, 64, SMLA_CACHE_FP8_TENSOR, 32, 3, 0, 2); }
@@ -519,6 +521,7 @@ static void c_indices_fp8t_n8(t_case *tc) { indices_case(tc, 7, 8, 129, 64, SMLA
 void t_register_forward_more_cases(void) {
   t_register("forward_indices_n16", c_indices_n16);
   t_register("forward_indices_n128", c_indices_n128);
+  t_register("forward_indices_n128_bs24", c_indices_n128_bs24);
   t_register("forward_indices_n64_dr0_splits3", c_indices_n64_split3);
   t_register("forward_indices_fp8ds_cp2", c_indices_fp8ds_cp);
   t_register("forward_indices_fp8tensor_n8_cp3", c_indices_fp8t_n8);

@@ -295,6 +295,15 @@ static void c_block_size_64(t_case *tc) {
   cv_free(&cv);
 }
 
+/* A block size that is not a power of two (the kernels divide; 64 and 16 shift). */
+static void c_block_size_48(t_case *tc) {
+  cv_problem cv;
+  cv_init(&cv, 16, 200, 3, 40, 48);
+  sprinkle_invalid(&cv);
+  cv_run(tc, &cv);
+  cv_free(&cv);
+}
+
 /* slots may alias local without compaction and with equal strides. */
 static void c_convert_in_place(t_case *tc) {
   cv_problem cv;
@@ -584,6 +593,7 @@ void t_register_ops_cases(void) {
   t_register("convert_invalid_slot_overflow", c_invalid_slot_overflow);
   t_register("convert_block_size_1", c_block_size_1);
   t_register("convert_block_size_64", c_block_size_64);
+  t_register("convert_block_size_48", c_block_size_48);
   t_register("convert_in_place", c_convert_in_place);
   t_register("merge_f32", c_merge_f32);
   t_register("merge_bf16", c_merge_bf16);

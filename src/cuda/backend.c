@@ -45,6 +45,14 @@ static int is_capture_error(cudaError_t e) {
 }
 
 /* Makes ctx->device current; *prev receives the caller's device for device_leave(). */
+/* log2(bs) for a power of two (the engines' 64), else -1 (smla_cuda_convert_args). */
+static int block_shift_of(int bs) {
+  if (bs <= 0 || (bs & (bs - 1)) != 0) return -1;
+  int k = 0;
+  while ((1 << k) < bs) k++;
+  return k;
+}
+
 static smla_status device_enter(smla_context *ctx, const char *fn, int *prev) {
   int cur = -1;
   cudaError_t e = cudaGetDevice(&cur);
@@ -205,6 +213,7 @@ static smla_status cuda_convert(smla_context *ctx, const smla_convert_params *p,
   a.blocks_per_request = p->blocks_per_request;
   a.block_table_stride = p->block_table_stride;
   a.block_size = p->block_size;
+  a.block_shift = block_shift_of(p->block_size);
   a.local = p->local;
   a.local_stride = p->local_stride;
   a.slots = p->slots;
@@ -650,6 +659,7 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p,
     a.conv.blocks_per_request = indices->blocks_per_request;
     a.conv.block_table_stride = indices->block_table_stride;
     a.conv.block_size = indices->block_size;
+    a.conv.block_shift = block_shift_of(indices->block_size);
     a.conv.cp_size = indices->cp_size;
     a.conv.cp_rank = indices->cp_rank;
     a.conv.cp_interleave = indices->cp_interleave > 0 ? indices->cp_interleave : 1;

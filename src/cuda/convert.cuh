@@ -18,11 +18,12 @@ __device__ __forceinline__ int32_t convert_one(const smla_cuda_convert_args &a, 
     if ((p / il) % a.cp_size != a.cp_rank) return -1;
     p = (int32_t)((p / (il * a.cp_size)) * il + p % il);
   }
-  const int32_t bi = p / a.block_size;
+  const int32_t bi = a.block_shift >= 0 ? p >> a.block_shift : p / a.block_size;
   if (bi >= a.blocks_per_request) return -1;
   const int32_t blk = a.block_table[(int64_t)r * a.block_table_stride + bi];
   if (blk < 0) return -1;
-  const int64_t slot = (int64_t)blk * a.block_size + p % a.block_size;
+  const int32_t off = a.block_shift >= 0 ? p & (a.block_size - 1) : p - bi * a.block_size;
+  const int64_t slot = (int64_t)blk * a.block_size + off;
   return slot > INT32_MAX ? -1 : (int32_t)slot;
 }
 
