@@ -70,6 +70,13 @@
 #ifndef SMLA_FWD90_EARLY_FORCE
 #define SMLA_FWD90_EARLY_FORCE -1
 #endif
+/* SMLA_FWD90_BALLOT_MASK (experiment, not yet measured: docs/design/cuda-sm90-forward.md,
+ * fused index conversion): each compute lane loads one slot a tile instead of 8, and a
+ * warp ballot hands the used bits to the 8 lanes that share its columns; fused, each
+ * entry is then converted 4 times in a warpgroup instead of 32. */
+#ifndef SMLA_FWD90_BALLOT_MASK
+#define SMLA_FWD90_BALLOT_MASK 0
+#endif
 /* The epilogue stages O in shared memory and stores whole rows (measured against
  * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
 #define W_OST_STRIDE 520
@@ -345,15 +352,41 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     /* The slots of this thread's 8 entries of the tile (its S columns), loaded a tile
      * ahead: each compute thread masks its own logits, so no flag passes from the gather
      * warpgroup through shared memory (it counts the bad entries). */
-    int32_t cslot[8], craw[8]; /* tile jj's slots, tile jj + 1's raw entries (slot_pipe) */
 #define W_COL(q_) (wg * 32 + ((q_) >> 1) * 8 + 2 * tig + ((q_) & 1))
+#if SMLA_FWD90_BALLOT_MASK
+    /* The 8 lanes g = 0..7 of a warp with the same tig hold the same 8 columns: lane
+     * (g, tig) loads (and, fused, converts) only column W_COL(g), and one ballot gives
+     * every lane its 8 bits (bit 4 q + tig of the ballot is column W_COL(q) of lanes tig). */
+    int32_t cslot1, craw1; /* tile jj's slot, tile jj + 1's raw entry of column W_COL(g) */
+#define W_LOAD_SLOTS(jj)                                                                   \
+  do {                                                                                     \
+    cslot1 = slot_of(a, req, craw1);                                                       \
+    craw1 = raw_at(slot_row, ks, kend, (jj) + 1, W_COL(g));                                \
+  } while (0)
+#define W_UMASK(um_)                                                                       \
+  do {                                                                                     \
+    const unsigned b_ =                                                                    \
+        __ballot_sync(0xffffffffu, cslot1 >= 0 && (int64_t)cslot1 < a.num_slots);          \
+    um_ = 0;                                                                               \
+    _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) um_ |= ((b_ >> (4 * q_ + tig)) & 1u) << q_; \
+  } while (0)
+    craw1 = raw_at(slot_row, ks, kend, 0, W_COL(g));
+#else
+    int32_t cslot[8], craw[8]; /* tile jj's slots, tile jj + 1's raw entries (slot_pipe) */
 #define W_LOAD_SLOTS(jj)                                                                   \
   _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) {                                       \
     cslot[q_] = slot_of(a, req, craw[q_]);                                                 \
     craw[q_] = raw_at(slot_row, ks, kend, (jj) + 1, W_COL(q_));                            \
   }
+#define W_UMASK(um_)                                                                       \
+  do {                                                                                     \
+    um_ = 0;                                                                               \
+    _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) um_ |=                                \
+        (cslot[q_] >= 0 && (int64_t)cslot[q_] < a.num_slots ? 1u : 0u) << q_;              \
+  } while (0)
     _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) craw[q_] =
         raw_at(slot_row, ks, kend, 0, W_COL(q_));
+#endif
     W_LOAD_SLOTS(0);
 #endif
     /* S = Q K^T of the tile in stage kvb_: all 64 heads x this warpgroup's 32 entries. */
@@ -378,12 +411,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     /* EARLY: the used-entry bits of the next S, made from cslot before that S is issued (its 8
      * slots are not live across the wgmma then). */
     unsigned um_next = 0;
-#define W_MASK_NEXT()                                                                      \
-  do {                                                                                     \
-    um_next = 0;                                                                           \
-    _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) um_next |=                            \
-        (cslot[q_] >= 0 && (int64_t)cslot[q_] < a.num_slots ? 1u : 0u) << q_;              \
-  } while (0)
+#define W_MASK_NEXT() W_UMASK(um_next)
     if (EARLY) {
       W_MASK_NEXT();
       mbar_wait(full_b, 0u); /* tile 0 (and Q) */
@@ -428,12 +456,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #if SMLA_FWD90_WS
       /* Bit 2 nb + (e & 1): this thread's entry of column block nb is used. */
       unsigned um = um_next; /* EARLY: made from cslot before S(j) was issued */
-      if (!EARLY) {
-        um = 0;
-#pragma unroll
-        for (int q = 0; q < 8; q++)
-          um |= (cslot[q] >= 0 && (int64_t)cslot[q] < a.num_slots ? 1u : 0u) << q;
-      }
+      if (!EARLY) W_UMASK(um);
       if (j + 1 < ntiles) W_LOAD_SLOTS(j + 1);
 #define W_USED(nb, e) ((um >> (2 * (nb) + ((e) & 1))) & 1u)
 #else
@@ -566,6 +589,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #undef W_ISSUE_S
 #if SMLA_FWD90_WS
 #undef W_MASK_NEXT
+#undef W_UMASK
 #endif
 #if SMLA_FWD90_PROBE
     pr2 = probe_ns();
