@@ -44,7 +44,6 @@ static int is_capture_error(cudaError_t e) {
          e == cudaErrorStreamCaptureInvalidated || e == cudaErrorStreamCaptureWrongThread;
 }
 
-/* Makes ctx->device current; *prev receives the caller's device for device_leave(). */
 /* log2(bs) for a power of two (the engines' 64), else -1 (smla_cuda_convert_args). */
 static int block_shift_of(int bs) {
   if (bs <= 0 || (bs & (bs - 1)) != 0) return -1;
@@ -53,6 +52,7 @@ static int block_shift_of(int bs) {
   return k;
 }
 
+/* Makes ctx->device current; *prev receives the caller's device for device_leave(). */
 static smla_status device_enter(smla_context *ctx, const char *fn, int *prev) {
   int cur = -1;
   cudaError_t e = cudaGetDevice(&cur);

@@ -32,9 +32,10 @@ typedef struct smla_cuda_convert_args {
   int64_t block_table_stride;
   int block_size;
   int block_shift;             /* log2(block_size) when a power of two, else -1: a shift and a
-                                  mask instead of a division (the fused forward converts each
-                                  entry in many threads; a division there costs ~40% more
-                                  instructions at N = 128 T = 64, ncu 2026-12-06) */
+                                  mask instead of a division (the fused sm90 forward converts
+                                  each entry in many threads: at N = 128 T = 64 it executed
+                                  41% more instructions than the unfused launch, ncu
+                                  2026-12-06, most of them these conversions) */
   const int32_t *local;        /* [T][K], row stride local_stride */
   int64_t local_stride;
   int32_t *slots;              /* [T][K] out, row stride slots_stride */
