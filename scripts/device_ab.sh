@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# device_ab.sh: one GPU call for a kernel experiment switched on at build time.
-#   AB_FLAGS="-DSMLA_FWD90_SEESAW=1" bash scripts/device_ab.sh
-# Builds the default tree (build/) and the experiment (build-ab/) side by side, runs the
-# whole test driver on the experiment (and on the default when AB_TEST_BASE=1), times the
-# shapes of AB_BENCH (default: N = 64, 128 at T = 16, 64, 1024, 4096; both timings) with
-# the two builds interleaved twice (the spread between a build's two runs is the noise a
-# difference is held against), then runs compute-sanitizer (AB_SAN_TOOLS, default
-# racecheck synccheck memcheck) over the experiment's Hopper cases (AB_SAN_FILTER).
-# Logs: $OUT/ab.tgz. Prints a summary table last.
+# device_ab.sh: one GPU call for one or two kernel experiments switched on at build time.
+#   AB_FLAGS="-DSMLA_FWD90_BALLOT_MASK=1" [AB2_FLAGS="-DSMLA_CP_ASYNC_L2_256B=1"] \
+#     bash scripts/device_ab.sh
+# Builds the default tree (build/) and each experiment (build-ab/, build-ab2/) side by
+# side, runs the whole test driver on each experiment (and on the default when
+# AB_TEST_BASE=1), times the shapes of AB_BENCH (default: N = 64, 128 at T = 16, 64, 1024,
+# 4096; both timings) with the builds interleaved twice (the spread between a build's two
+# runs is the noise a difference is held against), then runs compute-sanitizer
+# (AB_SAN_TOOLS, default racecheck synccheck memcheck) over each experiment's cases of
+# AB_SAN_FILTER (empty: no sanitizer). Logs: $OUT/ab.tgz. Prints a summary table last.
 set -u
 O=${OUT:-.out}
 mkdir -p "$O"
@@ -15,41 +16,57 @@ L=$(mktemp -d)
 trap 'tar czf "$O/ab.tgz" -C "$L" . 2>/dev/null' EXIT
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-: "${AB_FLAGS:?set AB_FLAGS, e.g. -DSMLA_FWD90_SEESAW=1}"
-{ nvidia-smi -L; nvcc --version | tail -1; echo "commit ${SMLA_GIT_COMMIT:-unknown}"; echo "AB_FLAGS $AB_FLAGS"; } >"$L/env.txt" 2>&1
+: "${AB_FLAGS:?set AB_FLAGS, e.g. -DSMLA_FWD90_BALLOT_MASK=1}"
+builds="build build-ab"
+[ -n "${AB2_FLAGS:-}" ] && builds="$builds build-ab2"
+flags_of() { case $1 in build) echo "";; build-ab) echo "$AB_FLAGS";; build-ab2) echo "$AB2_FLAGS";; esac; }
+{ nvidia-smi -L; nvcc --version | tail -1; echo "commit ${SMLA_GIT_COMMIT:-unknown}"
+  for b in $builds; do echo "$b: $(flags_of $b)"; done; } >"$L/env.txt" 2>&1
 cat "$L/env.txt"
-make -j8 all NCCL=0 >"$L/build.log" 2>&1 & b0=$!
-make -j8 all NCCL=0 BUILD=build-ab NVCC_EXTRA="$AB_FLAGS" >"$L/build_ab.log" 2>&1 & b1=$!
-wait $b0 || { tail -20 "$L/build.log"; exit 1; }
-wait $b1 || { grep -m5 -E "error" "$L/build_ab.log"; tail -5 "$L/build_ab.log"; exit 1; }
-stamp "builds ok"
+pids=""
+for b in $builds; do
+  make -j6 all NCCL=0 BUILD=$b NVCC_EXTRA="$(flags_of $b)" >"$L/$b.log" 2>&1 &
+  pids="$pids $!"
+done
+set -- $pids
+for b in $builds; do
+  wait "$1" || { grep -m5 -E " error" "$L/$b.log"; tail -5 "$L/$b.log"; exit 1; }
+  shift
+done
+stamp "builds ok ($builds)"
 fail=0
-timeout ${AB_TEST_TIMEOUT:-200} build-ab/test_smla >"$L/test_ab.log" 2>&1 || fail=1
-stamp "test (A/B build): $(tail -1 "$L/test_ab.log")"
-grep -E "^FAIL" "$L/test_ab.log" | head -20
-if [ "${AB_TEST_BASE:-0}" = 1 ]; then
-  timeout 200 build/test_smla >"$L/test.log" 2>&1 || fail=1
-  stamp "test (default): $(tail -1 "$L/test.log")"
-fi
+for b in $builds; do
+  [ $b = build ] && [ "${AB_TEST_BASE:-0}" != 1 ] && continue
+  timeout ${AB_TEST_TIMEOUT:-200} $b/test_smla >"$L/test_$b.log" 2>&1 || fail=1
+  stamp "test ($b): $(tail -1 "$L/test_$b.log")"
+  grep -E "^FAIL" "$L/test_$b.log" | head -20
+done
 read -r -a bench_args <<<"${AB_BENCH:--N 64,128 -T 16,64,1024,4096}"
 for r in 1 2; do
-  for b in build build-ab; do
+  for b in $builds; do
     timeout 120 $b/smla bench "${bench_args[@]}" --timing both >"$L/bench_${b}_$r.txt" 2>&1
   done
 done
 stamp "benches done"
-if [ -n "${AB_SAN_FILTER-wide,forward_N_64,forward_N_96,forward_T_64,forward_sink,indices_n128,indices_n64,forward_K_2048,forward_nan}" ]; then
-  mkdir -p "$L/san"
-  SANITIZER_TOOLS="${AB_SAN_TOOLS:-racecheck synccheck memcheck}" SANITIZER_PARALLEL=1 \
-    SANITIZER_LOG_DIR="$L/san" timeout ${AB_SAN_TIMEOUT:-240} scripts/sanitize_gpu.sh build-ab/test_smla \
-    --filter "${AB_SAN_FILTER-wide,forward_N_64,forward_N_96,forward_T_64,forward_sink,indices_n128,indices_n64,forward_K_2048,forward_nan}" \
-    >"$L/sanitize_ab.log" 2>&1 || fail=1
-  stamp "sanitize (A/B build): $(grep -E 'sanitize_gpu: ' "$L/sanitize_ab.log" | tr '\n' ';')"
+san_filter=${AB_SAN_FILTER-wide,forward_N_64,forward_N_96,forward_T_64,forward_sink,indices_n128,indices_n64,forward_K_2048,forward_nan}
+if [ -n "$san_filter" ]; then
+  for b in $builds; do
+    [ $b = build ] && continue
+    mkdir -p "$L/san_$b"
+    SANITIZER_TOOLS="${AB_SAN_TOOLS:-racecheck synccheck memcheck}" SANITIZER_PARALLEL=1 \
+      SANITIZER_LOG_DIR="$L/san_$b" timeout ${AB_SAN_TIMEOUT:-240} scripts/sanitize_gpu.sh \
+      $b/test_smla --filter "$san_filter" >"$L/sanitize_$b.log" 2>&1 || fail=1
+    stamp "sanitize ($b): $(grep -E 'sanitize_gpu: ' "$L/sanitize_$b.log" | tr '\n' ';')"
+  done
 fi
-echo "us, amortized | cold: default run 1, run 2 | A/B run 1, run 2"
-paste <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_build_1.txt" | awk '{printf "T=%-5s N=%-4s\n", $1, $2}') \
-      <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_build_1.txt" | awk '{printf "%9s %9s\n", $3, $4}') \
-      <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_build_2.txt" | awk '{printf "%9s %9s |\n", $3, $4}') \
-      <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_build-ab_1.txt" | awk '{printf "%9s %9s\n", $3, $4}') \
-      <(grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_build-ab_2.txt" | awk '{printf "%9s %9s\n", $3, $4}')
+echo "us, amortized cold per build and run: $(for b in $builds; do printf '%s r1, r2 | ' $b; done)"
+grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_build_1.txt" | awk '{printf "T=%-5s N=%-4s\n", $1, $2}' >"$L/col_0"
+cols="$L/col_0"
+for b in $builds; do
+  for r in 1 2; do
+    grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_${b}_$r.txt" | awk '{printf "%9s %9s\n", $3, $4}' >"$L/col_${b}_$r"
+    cols="$cols $L/col_${b}_$r"
+  done
+done
+paste $cols
 exit $fail
