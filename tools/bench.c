@@ -949,6 +949,38 @@ static int bench_paths_shape(const tool_device *d, const bench_opts *o, const be
   return 0;
 }
 
+/* --paths, after every shape: how often the plan's choice is within 5% of the fastest
+ * path (issue 22's criterion), and, when both N = 8 and N = 16 were timed, whether 8 heads
+ * ever cost more than 16 at the same T. chosen, ratio: [heads][tokens]. */
+static void bench_paths_summary(const bench_opts *o, const double *chosen, const double *ratio) {
+  int within = 0, n = 0, worst = 0;
+  for (int i = 0; i < o->num_heads * o->num_tokens; i++) {
+    within += ratio[i] <= 1.05;
+    if (ratio[i] > ratio[worst]) worst = i;
+    n++;
+  }
+  printf("\nchosen path within 5%% of the fastest at %d of %d shapes; worst: T=%lld N=%lld, "
+         "%.3fx\n", within, n, (long long)o->tokens[worst % o->num_tokens],
+         (long long)o->heads[worst / o->num_tokens], ratio[worst]);
+  int h8 = -1, h16 = -1;
+  for (int h = 0; h < o->num_heads; h++) {
+    if (o->heads[h] == 8) h8 = h;
+    if (o->heads[h] == 16) h16 = h;
+  }
+  if (h8 < 0 || h16 < 0) return;
+  int over = 0;
+  double most = 0.0;
+  printf("N=8 over N=16 (chosen paths):");
+  for (int t = 0; t < o->num_tokens; t++) {
+    const double q = chosen[h8 * o->num_tokens + t] / chosen[h16 * o->num_tokens + t];
+    printf(" T=%lld %.3f", (long long)o->tokens[t], q);
+    over += q > 1.0;
+    if (q > most) most = q;
+  }
+  printf("\n  N=8 costs more than N=16 at %d of %d T (largest ratio %.3f)\n", over,
+         o->num_tokens, most);
+}
+
 static int bench_parse(int argc, char **argv, bench_opts *o) {
   int device_given = 0, heads_given = 0, tokens_given = 0;
   memset(o, 0, sizeof *o);
@@ -1239,14 +1271,29 @@ int tool_bench_main(int argc, char **argv, const char *command_line) {
     printf("\n%6s %4s %11s %9s %7s %5s  %s\n", "T", "N", "median_us", "TFLOP/s", "GB/s",
            "reps", "path");
   int num_rows = 0;
+  /* --paths: each shape's chosen time and its ratio to the fastest path, for the summary */
+  double *chosen = calloc((size_t)o.num_heads * o.num_tokens, sizeof *chosen);
+  double *ratio = calloc((size_t)o.num_heads * o.num_tokens, sizeof *ratio);
+  if (!chosen || !ratio) {
+    fprintf(stderr, "smla bench: out of host memory\n");
+    free(chosen), free(ratio);
+    goto done;
+  }
   for (int h = 0; h < o.num_heads; h++)
     for (int t = 0; t < o.num_tokens; t++) {
       bench_row *r = &rows[num_rows];
       if (o.paths) {
         int n = 0;
         if (bench_paths_shape(&d, &o, &m, &cache, &sampler, &rng, o.tokens[t], (int)o.heads[h],
-                              r, &n))
+                              r, &n)) {
+          free(chosen), free(ratio);
           goto done;
+        }
+        double best = r[0].rate_us;
+        for (int i = 1; i < n; i++)
+          if (r[i].rate_us < best) best = r[i].rate_us;
+        chosen[h * o.num_tokens + t] = r[0].rate_us;
+        ratio[h * o.num_tokens + t] = r[0].rate_us / best;
         num_rows += n;
         continue;
       }
@@ -1255,6 +1302,8 @@ int tool_bench_main(int argc, char **argv, const char *command_line) {
       bench_print_row(&d, r);
       num_rows++;
     }
+  if (o.paths) bench_paths_summary(&o, chosen, ratio);
+  free(chosen), free(ratio);
   if (o.json) {
     if (bench_write_json(o.json, &o, &m, rows, num_rows)) goto done;
     printf("\nwrote %s\n", o.json);
