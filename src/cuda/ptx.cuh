@@ -20,10 +20,30 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
 #define SMLA_CP_ASYNC_L2_256B 0
 #endif
 
+/* SMLA_CP_ASYNC_EVICT_LAST=1 (experiment, not yet measured): every cp.async carries an
+ * L2 evict_last cache policy, as FlashMLA's gathers do, so that a row the other head
+ * group's block (N = 128) reads soon after is still in L2; at N <= 64 a row is read once
+ * and the hint can only crowd L2. */
+#ifndef SMLA_CP_ASYNC_EVICT_LAST
+#define SMLA_CP_ASYNC_EVICT_LAST 0
+#endif
+
+/* createpolicy.fractional.L2::evict_last.b64 policy, 1.0: an L2 policy that keeps the
+ * lines it covers over evict_normal ones (not volatile: one per thread after CSE). */
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+  uint64_t p;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+
 /* cp.async.cg.shared.global [dst], [src], 16, src_bytes: copies src_bytes (0 or 16) and
  * zero-fills the rest of the 16 bytes; with src_bytes = 0 nothing is read. L1 bypassed. */
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, uint32_t src_bytes) {
-#if SMLA_CP_ASYNC_L2_256B
+#if SMLA_CP_ASYNC_EVICT_LAST
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(src), "r"(src_bytes), "l"(l2_policy_evict_last())
+               : "memory");
+#elif SMLA_CP_ASYNC_L2_256B
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes)
                : "memory");
