@@ -360,7 +360,8 @@ typedef struct smla_forward_params {
 smla_status smla_forward(smla_plan *plan, const smla_forward_params *p, void *stream);
 
 /* Forward from request-local indices (since v0.4): a decode step's index conversion and
- * forward in one call, one launch on a GPU (the kernel converts each entry as it reads it).
+ * forward in one call, one launch on a GPU (the kernel converts each entry as it reads it;
+ * the CPU backend does the same, and neither allocates).
  * Computes exactly smla_convert_indices(indices with compact = 0, its context-parallel
  * filter included) followed by smla_forward on those slots, without the slots array:
  * p->slots must be NULL (p->slots_stride is ignored), indices->num_tokens must equal

@@ -13,6 +13,9 @@ typedef void (*smla_cpu_task)(void *arg, int64_t item, int worker);
 void smla_cpu_parallel(int num_threads, int64_t num_items, smla_cpu_task fn, void *arg);
 
 smla_status smla_cpu_convert(smla_context *ctx, const smla_convert_params *p, void *stream);
+/* The slot of request r's local position pos (SPEC §1), or -1: one entry of the convert
+ * op, which the forward's fused variant applies to each entry as it reads it. */
+int32_t smla_cpu_convert_one(const smla_convert_params *p, int32_t r, int32_t pos);
 smla_status smla_cpu_cache_write(smla_context *ctx, const smla_cache_write_params *p,
                                  void *stream);
 smla_status smla_cpu_merge(smla_context *ctx, const smla_merge_params *p, void *stream);

@@ -18,7 +18,6 @@
 
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define DQK_MAX (SMLA_DC + 64)
@@ -127,6 +126,7 @@ HOT static void accumulate(float *acc, float a, const float *p, const float *kv,
 typedef struct {
   const smla_plan *plan;
   const smla_forward_params *p;
+  const smla_convert_params *indices; /* smla_forward_indices: converted as read; else NULL */
   int groups;      /* head groups per row */
   int heads;       /* heads per group */
   size_t scratch_floats;
@@ -189,11 +189,15 @@ static void forward_item(void *arg, int64_t item, int worker) {
     const int32_t l = p->lengths[t];
     len = l < 0 ? 0 : (l > p->topk ? p->topk : l);
   }
-  const int32_t *slots = p->slots + t * p->slots_stride;
+  /* Slots, or (smla_forward_indices) request-local positions converted one by one: the
+   * same used entries in the same order as convert + forward, so the same result. */
+  const smla_convert_params *ix = job->indices;
+  const int32_t *slots = ix ? ix->local + t * ix->local_stride : p->slots + t * p->slots_stride;
+  const int32_t req = ix ? ix->req_id[t] : 0;
   uint64_t bad = 0;
   int n = 0;
   for (int64_t i = 0; i < len; i++) {
-    const int32_t s = slots[i];
+    const int32_t s = ix ? smla_cpu_convert_one(ix, req, slots[i]) : slots[i];
     if (s >= 0 && s < c->num_slots) {
       widen_row(c, (const uint8_t *)c->data + (int64_t)s * c->row_bytes, w.kv + (size_t)n * DQK_MAX);
       if (++n == CHUNK) {
@@ -246,28 +250,8 @@ smla_status smla_cpu_plan_init(smla_plan *plan, size_t *workspace_bytes) {
 
 smla_status smla_cpu_forward(smla_plan *plan, const smla_forward_params *p,
                              const smla_convert_params *indices, void *stream) {
-  if (indices) { /* the conversion into host scratch, then the same forward */
-    const int64_t T = p->num_tokens, K = p->topk;
-    int32_t *slots = malloc((size_t)(T * K) * sizeof *slots);
-    if (!slots)
-      return smla_set_error(plan->ctx, SMLA_ERR_OUT_OF_MEMORY, "smla_forward_indices: out of "
-                            "host memory (%lld converted slots)", (long long)(T * K));
-    smla_convert_params c = *indices;
-    c.slots = slots;
-    c.slots_stride = K;
-    c.valid = NULL;
-    smla_status s = smla_cpu_convert(plan->ctx, &c, stream);
-    if (s == SMLA_OK) {
-      smla_forward_params q = *p;
-      q.slots = slots;
-      q.slots_stride = K;
-      s = smla_cpu_forward(plan, &q, NULL, stream);
-    }
-    free(slots);
-    return s;
-  }
   (void)stream;
-  fwd_job job = {.plan = plan, .p = p, .bad = 0};
+  fwd_job job = {.plan = plan, .p = p, .indices = indices, .bad = 0};
   choose_groups(plan, p->num_tokens, &job.groups, &job.heads);
   /* Every worker's scratch is sized for the plan's full head count; a group is smaller. */
   job.scratch_floats = scratch_floats(plan->desc.num_heads);

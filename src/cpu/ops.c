@@ -15,7 +15,7 @@ typedef struct {
   const smla_convert_params *p;
 } convert_job;
 
-static int32_t convert_one(const smla_convert_params *p, int32_t r, int32_t pos) {
+int32_t smla_cpu_convert_one(const smla_convert_params *p, int32_t r, int32_t pos) {
   if (r < 0 || r >= p->num_requests || pos < 0) return -1;
   if (p->cp_size >= 2) { /* this rank's entries only, at their local position */
     const int64_t il = p->cp_interleave > 0 ? p->cp_interleave : 1;
@@ -38,7 +38,7 @@ static void convert_row(void *arg, int64_t t, int worker) {
   int32_t *slots = p->slots + t * p->slots_stride;
   int32_t n = 0;
   for (int k = 0; k < p->topk; k++) {
-    const int32_t s = convert_one(p, r, local[k]);
+    const int32_t s = smla_cpu_convert_one(p, r, local[k]);
     if (p->compact) {
       if (s >= 0) slots[n] = s; /* n <= k: never overwrites an unread entry of local */
     } else {
