@@ -14,7 +14,11 @@
  *   multicast2  a 2-block cluster: each block issues half of the rows with
  *               .multicast::cluster, so every row lands in both blocks (the N = 128
  *               design: each row read once from memory for both head groups)
- * for 1, 16, 66 and all SMs. Prints microseconds per run, TB/s of rows delivered into
+ *   cpasync32   cp.async as above with 32-row tiles (4 threads a row), 2..4 stages: the
+ *               same bytes in flight in finer steps
+ *   cpasync32x2 the same, two blocks per SM (each half the shared memory): does a second
+ *               block's requests lift the per-SM rate (a per-block limit) or not (DRAM)?
+ * for 1, 16, 66 and all SMs (x2 blocks for cpasync32x2). Prints microseconds per run, TB/s of rows delivered into
  * shared memory (multicast: both copies counted) and of rows read from memory, and the
  * per-SM rate, beside the device-to-device copy ceiling of the same run.
  *
@@ -39,13 +43,18 @@
     }                                                                                      \
   } while (0)
 
-enum { WAY_CPASYNC, WAY_CPASYNC256, WAY_BULK, WAY_MULTICAST2, NUM_WAYS };
-static const char *way_name[NUM_WAYS] = {"cpasync", "cpasync256", "bulk", "multicast2"};
+enum { WAY_CPASYNC, WAY_CPASYNC256, WAY_BULK, WAY_MULTICAST2, WAY_CPASYNC32, WAY_CPASYNC32X2,
+       NUM_WAYS };
+static const char *way_name[NUM_WAYS] = {"cpasync",   "cpasync256", "bulk",
+                                         "multicast2", "cpasync32",  "cpasync32x2"};
+static const int way_rows[NUM_WAYS] = {ROWS, ROWS, ROWS, ROWS, 32, 32}; /* rows a tile */
+static const int way_per_sm[NUM_WAYS] = {1, 1, 1, 1, 1, 2};            /* blocks an SM */
 
 typedef struct gather_args {
   const uint8_t *pool;
-  const int32_t *idx; /* [cluster][tile][ROWS]: a cluster's blocks share their rows */
+  const int32_t *idx; /* [cluster][tile][rows]: a cluster's blocks share their rows */
   int row_bytes, tiles, stages;
+  int rows; /* rows a tile (cp.async ways; the bulk ways use ROWS) */
   unsigned long long *sink;
 } gather_args;
 
@@ -112,22 +121,23 @@ __device__ __forceinline__ void cluster_sync() {
                "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-/* The consumer: one word of every row of the stage (each thread two rows). */
-__device__ __forceinline__ unsigned touch(const uint8_t *stage, int row_bytes) {
+/* The consumer: one word of every row of the stage (rows = 32 or 64). */
+__device__ __forceinline__ unsigned touch(const uint8_t *stage, int row_bytes, int rows) {
   const int tid = threadIdx.x;
-  return *(const unsigned *)(stage + (size_t)(tid & 63) * row_bytes + 4 * (tid >> 6));
+  return *(const unsigned *)(stage + (size_t)(tid % rows) * row_bytes + 4 * (tid / rows));
 }
 
-/* cp.async: thread pairs per row (thread 2r + j copies chunks j, j + 2, ... of row r); one
- * commit group per tile, stages - 1 tiles in flight ahead of the one consumed. */
+/* cp.async: THREADS / rows threads per row (thread tpr r + j copies chunks j, j + tpr, ...
+ * of row r); one commit group per tile, stages - 1 tiles in flight ahead of the one
+ * consumed. */
 template <int HINT>
 __device__ __forceinline__ void cpasync_issue(const gather_args &a, const int32_t *idx,
                                               uint8_t *smem, int tile) {
-  const int tid = threadIdx.x, r = tid >> 1, chunks = a.row_bytes / 16;
-  const uint8_t *src = a.pool + (size_t)idx[tile * ROWS + r] * a.row_bytes;
+  const int tpr = THREADS / a.rows, tid = threadIdx.x, r = tid / tpr, chunks = a.row_bytes / 16;
+  const uint8_t *src = a.pool + (size_t)idx[tile * a.rows + r] * a.row_bytes;
   const uint32_t dst =
-      sa(smem + (size_t)(tile % a.stages) * ROWS * a.row_bytes + (size_t)r * a.row_bytes);
-  for (int c = tid & 1; c < chunks; c += 2) {
+      sa(smem + (size_t)(tile % a.stages) * a.rows * a.row_bytes + (size_t)r * a.row_bytes);
+  for (int c = tid % tpr; c < chunks; c += tpr) {
     if (HINT)
       asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst + 16 * c),
                    "l"(src + 16 * c)
@@ -142,7 +152,7 @@ __device__ __forceinline__ void cpasync_issue(const gather_args &a, const int32_
 template <int HINT>
 __global__ void __launch_bounds__(THREADS, 1) gather_cpasync(const gather_args a) {
   extern __shared__ __align__(128) uint8_t smem[];
-  const int32_t *idx = a.idx + (size_t)blockIdx.x * a.tiles * ROWS;
+  const int32_t *idx = a.idx + (size_t)blockIdx.x * a.tiles * a.rows;
   unsigned acc = 0;
   for (int t = 0; t < a.stages - 1; t++) {
     if (t < a.tiles) cpasync_issue<HINT>(a, idx, smem, t);
@@ -152,10 +162,11 @@ __global__ void __launch_bounds__(THREADS, 1) gather_cpasync(const gather_args a
     if (t + a.stages - 1 < a.tiles) cpasync_issue<HINT>(a, idx, smem, t + a.stages - 1);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     /* stages - 1 groups may stay pending: tile t's group has landed */
-    if (a.stages == 3) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+    if (a.stages == 4) asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+    else if (a.stages == 3) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
     else asm volatile("cp.async.wait_group 1;\n" ::: "memory");
     __syncthreads();
-    acc += touch(smem + (size_t)(t % a.stages) * ROWS * a.row_bytes, a.row_bytes);
+    acc += touch(smem + (size_t)(t % a.stages) * a.rows * a.row_bytes, a.row_bytes, a.rows);
     __syncthreads(); /* the stage is refilled next */
   }
   if (acc == 0x9e3779b9u) atomicAdd(a.sink, 1ull); /* keeps the reads */
@@ -206,7 +217,7 @@ __global__ void __launch_bounds__(THREADS, 1) gather_bulk(const gather_args a) {
   for (int t = 0; t < a.tiles; t++) {
     const int s = t % a.stages;
     mbar_wait(sa(&full[s]), (uint32_t)(t / a.stages) & 1u);
-    acc += touch(smem + (size_t)s * stage_bytes, a.row_bytes);
+    acc += touch(smem + (size_t)s * stage_bytes, a.row_bytes, ROWS);
     __syncthreads(); /* every thread of this block is done with the stage */
     if (tid == 0)
       for (uint32_t k = 0; k < (uint32_t)CL; k++) {
@@ -237,11 +248,11 @@ static float median(float *v, int n) {
 /* One launch of `way` on `blocks` blocks; returns its median time in microseconds. */
 static float run_way(int way, int blocks, int stages, const gather_args *a, int reps,
                      cudaEvent_t e0, cudaEvent_t e1) {
-  const size_t smem = (size_t)stages * ROWS * a->row_bytes;
+  const size_t smem = (size_t)stages * a->rows * a->row_bytes;
   float *t = (float *)malloc(sizeof(float) * (size_t)reps);
   for (int r = -2; r < reps; r++) { /* two warm-ups */
     CK(cudaEventRecord(e0));
-    if (way == WAY_CPASYNC) {
+    if (way == WAY_CPASYNC || way == WAY_CPASYNC32 || way == WAY_CPASYNC32X2) {
       gather_cpasync<0><<<blocks, THREADS, smem>>>(*a);
     } else if (way == WAY_CPASYNC256) {
       gather_cpasync<1><<<blocks, THREADS, smem>>>(*a);
@@ -309,7 +320,7 @@ int main(int argc, char **argv) {
   CK(cudaMemcpy(idx, h, nidx * sizeof *idx, cudaMemcpyHostToDevice));
   free(h);
   CK(cudaMalloc(&sink, sizeof *sink));
-  const int max_stages = (int)(prop.sharedMemPerBlockOptin / ((size_t)ROWS * row_bytes));
+  /* (cpasync32x2: twice the blocks at half the rows: the same index count) */
   CK(cudaFuncSetAttribute(gather_cpasync<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           (int)prop.sharedMemPerBlockOptin));
   CK(cudaFuncSetAttribute(gather_cpasync<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -350,10 +361,15 @@ int main(int argc, char **argv) {
   printf("%-11s %6s %6s %10s %10s %10s %12s %11s\n", "way", "blocks", "stages", "us",
          "TB/s_smem", "TB/s_mem", "GB/s_per_SM", "us_per_tile");
   const int counts[4] = {1, 16, 66, sms};
-  for (int way = 0; way < NUM_WAYS; way++)
-    for (int stages = 2; stages <= 3 && stages <= max_stages; stages++)
+  for (int way = 0; way < NUM_WAYS; way++) {
+    /* stages that fit: per_sm blocks share the SM's shared memory */
+    const size_t stage_bytes = (size_t)way_rows[way] * row_bytes;
+    const int fit = (int)(prop.sharedMemPerMultiprocessor / way_per_sm[way] / stage_bytes);
+    const int fit_block = (int)(prop.sharedMemPerBlockOptin / stage_bytes);
+    const int max_st = way_rows[way] == ROWS ? 3 : 4;
+    for (int stages = 2; stages <= max_st && stages <= fit && stages <= fit_block; stages++)
       for (int c = 0; c < 4; c++) {
-        int blocks = counts[c];
+        int blocks = counts[c] * way_per_sm[way];
         if (way == WAY_MULTICAST2) blocks = blocks < 2 ? 2 : blocks & ~1;
         gather_args a;
         a.pool = pool;
@@ -361,15 +377,17 @@ int main(int argc, char **argv) {
         a.row_bytes = row_bytes;
         a.tiles = tiles;
         a.stages = stages;
+        a.rows = way_rows[way];
         a.sink = sink;
         const float us = run_way(way, blocks, stages, &a, reps, e0, e1);
-        const double smem_bytes = (double)blocks * tiles * ROWS * row_bytes;
+        const double smem_bytes = (double)blocks * tiles * a.rows * row_bytes;
         const double mem_bytes = way == WAY_MULTICAST2 ? smem_bytes / 2 : smem_bytes;
         printf("%-11s %6d %6d %10.1f %10.3f %10.3f %12.1f %11.3f\n", way_name[way], blocks,
                stages, us, smem_bytes / (us * 1e-6) * 1e-12, mem_bytes / (us * 1e-6) * 1e-12,
-               smem_bytes / blocks / (us * 1e-6) * 1e-9, us / tiles);
+               smem_bytes / (blocks / way_per_sm[way]) / (us * 1e-6) * 1e-9, us / tiles);
         fflush(stdout);
       }
+  }
   CK(cudaFree(pool));
   CK(cudaFree(idx));
   CK(cudaFree(sink));
