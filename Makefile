@@ -160,6 +160,7 @@ test: test-c test-python
 test-c: all
 	$(TESTS)
 	$(EXAMPLE)
+	bash scripts/cli_smoke.sh $(CLI)
 	$(if $(DCP),timeout 600 $(DCP) && timeout 600 $(DCP) --simulate --ranks 4 --interleave 16,@echo "dcp_nccl: not built (no NCCL found; NCCL_HOME=...)")
 
 # The Python binding's tests (python/tests): numpy on the CPU always; with torch also the
