@@ -100,6 +100,15 @@ fail:
   return -1;
 }
 
+/* What both timings hold: the graph, its executable, the two events (NULL: not made). */
+static void timing_release(cudaGraphExec_t exec, cudaGraph_t graph, cudaEvent_t e0,
+                           cudaEvent_t e1) {
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  if (e0) cudaEventDestroy(e0);
+  if (e1) cudaEventDestroy(e1);
+}
+
 /* Captures calls 0..count-1 of fn into *graph and instantiates it. 0, -1 on a CUDA error
  * (printed), or the smla_status fn returned (the capture is ended, the stream usable). */
 static int capture(cudaStream_t s, tool_launch_fn fn, void *arg, int count, cudaGraph_t *graph,
@@ -168,10 +177,7 @@ int tool_cuda_time(void *stream, tool_launch_fn fn, void *arg, int use_graph, in
   CUDA_TRY(cudaGetLastError());
   rc = 0;
 fail:
-  if (exec) cudaGraphExecDestroy(exec);
-  if (graph) cudaGraphDestroy(graph);
-  if (e0) cudaEventDestroy(e0);
-  if (e1) cudaEventDestroy(e1);
+  timing_release(exec, graph, e0, e1);
   return rc;
 }
 
@@ -200,10 +206,7 @@ int tool_cuda_time_cold(void *stream, tool_launch_fn fn, void *arg, void *flush,
   CUDA_TRY(cudaGetLastError());
   rc = 0;
 fail:
-  if (exec) cudaGraphExecDestroy(exec);
-  if (graph) cudaGraphDestroy(graph);
-  if (e0) cudaEventDestroy(e0);
-  if (e1) cudaEventDestroy(e1);
+  timing_release(exec, graph, e0, e1);
   return rc;
 }
 
