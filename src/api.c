@@ -512,6 +512,10 @@ smla_status smla_plan_create(smla_context *ctx, const smla_plan_desc *desc, void
     plan->workspace_bytes = need;
     plan->owns_workspace = 1;
   }
+  if (ctx->backend->plan_ready && (s = ctx->backend->plan_ready(plan)) != SMLA_OK) {
+    smla_plan_destroy(plan);
+    return s;
+  }
   *out = plan;
   return SMLA_OK;
 }

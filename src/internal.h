@@ -45,9 +45,17 @@ struct smla_plan {
   int num_splits;                 /* KV splits per row (>= 1) */
   int heads_per_block;            /* CUDA: heads per block; CPU: heads per work item */
   int kernel;                     /* backend-specific kernel id */
-  int merge_clusters[9];          /* CUDA sm90: clusters of s blocks resident at once, s
-                                     2..8 (0: s splits use the combine kernel) */
+  int merge_clusters[9];          /* CUDA: clusters of s blocks resident at once, s 2..8
+                                     (0: none; all 0: every split uses the combine) */
   int combine_pdl;                /* CUDA: the combine may be a programmatic dependent */
+  int forward_pdl;                /* CUDA generic kernel: launched as a programmatic
+                                     dependent of the stream's previous kernel */
+  /* CUDA: workspace layout. partial_rows (t, split) rows of partial state from offset 0;
+   * the generic kernel's in-kernel merge counters (int32, zero between forwards, zeroed by
+   * backend->plan_ready) at counters_offset, counter_rows x groups x 8 of them. */
+  int64_t partial_rows;
+  size_t counters_offset;
+  int64_t counter_rows;
   /* CUDA: the KV split of every T, chosen once at plan creation (the forward only looks it
    * up). T <= split_rows: split_table[T - 1], bits 0-6 the split count, bit 7 set when the
    * splits merge inside the kernel; T > split_rows: split_rest (the same encoding). Owned
@@ -78,6 +86,9 @@ struct smla_backend {
    * conversion (compact = 0) of indices->local; both already validated. */
   smla_status (*forward)(smla_plan *plan, const smla_forward_params *p,
                          const smla_convert_params *indices, void *stream);
+  /* After the plan has its workspace (its own or the caller's): what it must hold before
+   * the first forward (CUDA: the merge counters zeroed). May be NULL. */
+  smla_status (*plan_ready)(smla_plan *plan);
   smla_status (*alloc)(smla_context *ctx, size_t bytes, void **ptr);
   void (*free)(smla_context *ctx, void *ptr);
   /* SMLA_OK, or SMLA_ERR_CAPTURING when the calling thread is capturing. May be NULL. */

@@ -366,6 +366,79 @@ static void c_wide_n128_merges(t_case *tc) {
   }
 }
 
+/* The generic kernel's in-kernel merge (sm_90 devices: clusters of C splits merged over
+ * distributed shared memory, R clusters a row merged by the last to finish): forced splits
+ * 2, 3, 7, 8 (R = 1; 3 and 7 own uneven column ranges), 14 (7 x 2), 16 (8 x 2), 24 (8 x
+ * 3), 32 (8 x 4), and 16 with SMLA_PLAN_SEPARATE_MERGE through the combine kernel; at 16
+ * heads (bf16, dr 64, sink), 32 heads (dr 0, softcap) and 64 heads with the portable
+ * kernel (FP8_TENSOR: the value scale is applied by the merge), every row with a random
+ * length (whole clusters empty) and planted bad slots, each against the CPU. Where the
+ * plan can merge in the kernel (its describe names programmatic launch: sm_90 code on
+ * an sm_90 device) it must say it does, with the clusters expected, so that a lost merge
+ * path cannot pass as the combine kernel. */
+static void generic_merges(t_case *tc, int N, int dr, smla_cache_format format, float softcap,
+                           int sink, uint32_t flags0) {
+  static const struct { int splits; uint32_t flags; int C; } cfg[9] = {
+      {2, 0, 2}, {3, 0, 3}, {7, 0, 7}, {8, 0, 8}, {14, 0, 7}, {16, 0, 8}, {24, 0, 8},
+      {32, 0, 8}, {16, SMLA_PLAN_SEPARATE_MERGE, 0}};
+  const int64_t T = 4;
+  const int K = 2048;
+  for (int i = 0; i < 9; i++) {
+    fwd_problem pb;
+    fwd_defaults(&pb, T, N, K, dr, format);
+    pb.flags = flags0 | cfg[i].flags;
+    pb.softcap = softcap;
+    pb.use_sink = sink;
+    pb.num_splits = cfg[i].splits;
+    pb.use_lengths = 1;
+    fwd_make_inputs(&pb);
+    const int32_t planted[4] = {-1, (int32_t)pb.S, -2, INT32_MAX};
+    for (int64_t t = 0; t < T; t++) {
+      pb.lengths[t] = t == 0 ? K : t == 1 ? 0 : (int32_t)t_rng_int(1, K / 2);
+      for (int j = 0; j < 4; j++) fwd_slot_row(&pb, t)[t_rng_int(0, K - 1)] = planted[j];
+    }
+    if (fwd_make_cache(tc, &pb) == 0) fwd_run(tc, &pb);
+    fwd_free(&pb);
+    for (int b = 0; b < g_num_backends; b++) {
+      smla_context *ctx = t_on(tc, b);
+      if (b == T_CPU) t_skip(tc, "the merges of KV splits; the CPU has no splits, its runs are the GPU's comparison");
+      if (!ctx || b == T_CPU) continue;
+      smla_plan_desc d;
+      memset(&d, 0, sizeof d);
+      d.max_tokens = T;
+      d.num_heads = N;
+      d.topk = K;
+      d.dr = dr;
+      d.format = format;
+      d.num_splits = cfg[i].splits;
+      d.flags = flags0 | cfg[i].flags;
+      smla_plan *plan = NULL;
+      if (!t_expect_ok(tc, smla_plan_create(ctx, &d, NULL, 0, &plan), ctx, "smla_plan_create"))
+        continue;
+      const char *desc = smla_plan_describe(plan);
+      if (strncmp(desc, "cuda-generic", 12) == 0 && strstr(desc, "programmatic launch")) {
+        char want[64] = "";
+        if (cfg[i].C)
+          snprintf(want, sizeof want, "merged in-kernel (%d clusters of %d)",
+                   cfg[i].splits / cfg[i].C, cfg[i].C);
+        t_expect(tc, cfg[i].C ? strstr(desc, want) != NULL : strstr(desc, "merged in-kernel") == NULL,
+                 "%d splits (flags 0x%x): the plan should %s: %s", cfg[i].splits,
+                 (unsigned)d.flags, cfg[i].C ? want : "use the combine kernel", desc);
+      }
+      smla_plan_destroy(plan);
+    }
+  }
+}
+static void c_generic_merges_n16(t_case *tc) {
+  generic_merges(tc, 16, 64, SMLA_CACHE_BF16, 0.0f, 1, 0);
+}
+static void c_generic_merges_n32_dr0(t_case *tc) {
+  generic_merges(tc, 32, 0, SMLA_CACHE_BF16, 5.0f, 0, 0);
+}
+static void c_generic_merges_n64_fp8(t_case *tc) {
+  generic_merges(tc, 64, 64, SMLA_CACHE_FP8_TENSOR, 0.0f, 1, SMLA_PLAN_PORTABLE);
+}
+
 /* A sinked forward split by the caller into P parts (KV splits of its own, or context-
  * parallel shards), each part a forward with the same sink and lse out, then merged with
  * smla_merge_states given that sink: equals the sinked forward over the whole row. Each
@@ -538,6 +611,9 @@ void t_register_forward_more_cases(void) {
   t_register("forward_wide_n128_splits5", c_wide_n128_splits);
   t_register("forward_wide_n48_k1", c_wide_n48_k1);
   t_register("forward_wide_n128_merges", c_wide_n128_merges);
+  t_register("forward_generic_merges_n16", c_generic_merges_n16);
+  t_register("forward_generic_merges_n32_dr0", c_generic_merges_n32_dr0);
+  t_register("forward_generic_merges_n64_fp8", c_generic_merges_n64_fp8);
   t_register("forward_caller_workspace", c_caller_workspace);
   t_register("forward_T_below_max_tokens", c_t_below_max);
   t_register("forward_batch_invariant", c_batch_invariant);

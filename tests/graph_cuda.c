@@ -143,8 +143,10 @@ static smla_context *gctx; /* for SM()'s message */
 
 /* fused: the captured call is smla_forward_indices, replayed with request ids, block table
  * and positions rewritten in place; the reference is smla_convert_indices then
- * smla_forward on the CPU. */
-static void run_format(smla_cache_format format, int fused) {
+ * smla_forward on the CPU. splits > 0 forces the plan's KV splits: 10 (of 30 entries) run
+ * on an sm_90 device as 2 clusters of 5 a row on the generic kernel, merged by the last
+ * cluster to finish, whose counters every replay must leave at zero for the next. */
+static void run_format(smla_cache_format format, int fused, int splits) {
   smla_context *gpu = NULL, *cpu = NULL;
   smla_plan *gplan = NULL, *cplan = NULL, *extra = NULL;
   cudaStream_t stream = NULL;
@@ -244,6 +246,7 @@ static void run_format(smla_cache_format format, int fused) {
   d.topk = G_K;
   d.dr = G_DR;
   d.format = format;
+  d.num_splits = splits;
   SM(smla_plan_create(gpu, &d, NULL, 0, &gplan), SMLA_OK);
   SM(smla_plan_create(cpu, &d, NULL, 0, &cplan), SMLA_OK);
 
@@ -371,12 +374,14 @@ int smla_test_cuda_graph(uint64_t seed) {
   g_reports = 0;
   g_rng = (unsigned)(seed ^ (seed >> 32)) * 2654435761u + 12345u;
   if (!g_rng) g_rng = 1;
-  run_format(SMLA_CACHE_BF16, 0);
-  run_format(SMLA_CACHE_FP8_DS, 0);
-  run_format(SMLA_CACHE_BF16, 1);
-  run_format(SMLA_CACHE_FP8_DS, 1);
+  run_format(SMLA_CACHE_BF16, 0, 0);
+  run_format(SMLA_CACHE_FP8_DS, 0, 0);
+  run_format(SMLA_CACHE_BF16, 1, 0);
+  run_format(SMLA_CACHE_FP8_DS, 1, 0);
+  run_format(SMLA_CACHE_BF16, 0, 10);
+  run_format(SMLA_CACHE_FP8_DS, 1, 10);
   printf("graph_cuda: %s (%d failure%s; smla_forward and smla_forward_indices, bf16 and "
-         "fp8-ds, %d replays each)\n",
+         "fp8-ds, the plan's splits and 10 forced, %d replays each)\n",
          g_fail ? "FAILED" : "ok", g_fail, g_fail == 1 ? "" : "s", G_REPLAYS);
   return g_fail;
 }

@@ -301,6 +301,11 @@ static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 2.4, 0.0, 4.7}; /* by mtiles
 #define COMBINE_BYTES_PER_US 8.0e6 /* partials written once, read once, mostly in L2 */
 #define CLUSTER_MERGE_US 1.5       /* sm90 in-kernel merge: 2 cluster barriers, (S-1)/S of
                                       O out to L2 and back in (napkin math; refit) */
+#define DSMEM_MERGE_US 0.8         /* generic in-kernel merge inside a cluster: 2 cluster
+                                      barriers, (C-1)/C of O over distributed shared
+                                      memory (napkin math; refit) */
+#define LAST_ARRIVER_US 1.5        /* generic, R > 1 clusters a row: slices to L2, a fence
+                                      and a count, the last block's L2 round trip */
 #define MAX_AUTO_SPLITS 64         /* beyond this the combine dominates */
 #define NO_SPLIT_WAVES 4           /* T * groups >= 4 waves of SMs: never split */
 
@@ -311,14 +316,22 @@ typedef struct fwd_choice {
   int groups;         /* head groups of 16 * mtiles heads */
   int ntiles;         /* ceil(K / 64) */
   int gather_bytes;   /* bytes gathered per cache row */
-  const int *merge_clusters; /* sm90: the plan's resident clusters by split count */
+  const int *merge_clusters; /* the plan's resident clusters by size; NULL: no merge in
+                                the kernel (SMLA_PLAN_SEPARATE_MERGE, or none can run) */
 } fwd_choice;
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Whether s splits can merge inside the sm90 kernel (clusters of s blocks fit). */
-static int can_merge(const fwd_choice *c, int s) {
-  return c->merge_clusters && s >= 2 && s <= 8 && c->merge_clusters[s] > 0;
+/* The cluster size with which s splits merge inside the kernel, or 0 (the combine
+ * kernel): sm90, the whole split list as one cluster (2..8); generic, the largest C in
+ * 2..8 that divides s with at most SMLA_CUDA_FWD_MERGE_MAX_R clusters a row. Only sizes
+ * whose clusters can be resident (plan time query) count. */
+static int merge_cluster_of(const fwd_choice *c, int s) {
+  if (!c->merge_clusters || s < 2) return 0;
+  if (c->sm90) return s <= 8 && c->merge_clusters[s] > 0 ? s : 0;
+  for (int C = 8; C >= 2; C--)
+    if (s % C == 0 && s / C <= SMLA_CUDA_FWD_MERGE_MAX_R && c->merge_clusters[C] > 0) return C;
+  return 0;
 }
 
 /* Modelled microseconds of a forward of T rows in s splits of tps tiles, merged in the
@@ -327,8 +340,9 @@ static double split_cost(const fwd_choice *c, const cuda_state *st, int num_head
                          int s, int64_t tps, int merged) {
   /* Blocks resident at once: every SM, or as many as the clusters of s fill. */
   int64_t resident = st->sm_count;
-  if (merged && (int64_t)c->merge_clusters[s] * s < resident)
-    resident = (int64_t)c->merge_clusters[s] * s;
+  const int C = merged ? merge_cluster_of(c, s) : 0;
+  if (C && (int64_t)c->merge_clusters[C] * C < resident)
+    resident = (int64_t)c->merge_clusters[C] * C;
   const int64_t blocks = T * c->groups * s;
   const int64_t active = blocks < resident ? blocks : resident;
   const int64_t waves = ceil_div(blocks, resident);
@@ -338,8 +352,8 @@ static double split_cost(const fwd_choice *c, const cuda_state *st, int num_head
                      GATHER_BYTES_PER_US;
   if (tile < mem) tile = mem;
   double cost = (double)waves * ((double)tps * tile + BLOCK_FIXED_US);
-  if (merged)
-    cost += CLUSTER_MERGE_US;
+  if (C)
+    cost += c->sm90 ? CLUSTER_MERGE_US : DSMEM_MERGE_US + (s > C ? LAST_ARRIVER_US : 0.0);
   else if (s > 1)
     cost += COMBINE_FIXED_US +
             (double)T * num_heads * s * SMLA_DC * 4.0 * 2.0 / COMBINE_BYTES_PER_US;
@@ -359,7 +373,7 @@ static int auto_splits(const fwd_choice *c, const cuda_state *st, int num_heads,
     const int64_t tps = ceil_div(c->ntiles, s);
     const int64_t s_eff = ceil_div(c->ntiles, tps);
     if (s_eff != s) continue; /* same tiles per split as a smaller s */
-    for (int m = 0; m <= can_merge(c, s); m++) {
+    for (int m = 0; m <= (merge_cluster_of(c, s) > 0); m++) {
       const double cost = split_cost(c, st, num_heads, T, s, tps, m);
       if (cost < best * 0.999) { /* ties go to fewer splits, then to the combine kernel */
         best = cost;
@@ -400,7 +414,7 @@ static void plan_choice(const smla_plan *plan, fwd_choice *c) {
   c->ntiles = (int)ceil_div(plan->desc.topk, SMLA_CUDA_FWD_BN);
   c->gather_bytes = (int)smla_cache_row_size(plan->desc.format, plan->desc.dr);
   c->merge_clusters =
-      c->sm90 && !(plan->desc.flags & SMLA_PLAN_SEPARATE_MERGE) ? plan->merge_clusters : NULL;
+      !(plan->desc.flags & SMLA_PLAN_SEPARATE_MERGE) ? plan->merge_clusters : NULL;
 }
 
 /* Splits for a forward of T rows under the plan's policy, and whether they merge in the
@@ -413,7 +427,7 @@ static int model_splits(const smla_plan *plan, const fwd_choice *c, const cuda_s
   if (d->num_splits > 0) { /* forced: merged in the kernel wherever it can be */
     int s;
     forced_splits(d->num_splits, d->topk, &s, split_len);
-    *merged = can_merge(c, s);
+    *merged = merge_cluster_of(c, s) > 0;
     return s;
   }
   const int64_t T_model = (d->flags & SMLA_PLAN_BATCH_INVARIANT)
@@ -484,6 +498,14 @@ static const char *format_name(smla_cache_format f) {
   return f == SMLA_CACHE_BF16 ? "bf16" : f == SMLA_CACHE_FP8_TENSOR ? "fp8-tensor" : "fp8-ds";
 }
 
+/* The describe's words for s splits merged in the kernel in clusters of C. */
+static void merged_text(char *buf, size_t n, int sm90, int C, int s) {
+  if (sm90)
+    snprintf(buf, n, " merged in-kernel");
+  else
+    snprintf(buf, n, " merged in-kernel (%d clusters of %d)", s / C, C);
+}
+
 static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   smla_context *ctx = plan->ctx;
   const cuda_state *st = ctx->backend_state;
@@ -539,20 +561,37 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   if (e == cudaSuccess) e = smla_cuda_merge_prepare(&plan->combine_pdl);
   s = launched(ctx, prev, e, "smla_plan_create: cudaFuncSetAttribute");
   if (s != SMLA_OK) return s;
-  /* sm90: forwards of 2..8 splits may merge inside the kernel (one cluster per (t, head
-   * group)) where such a cluster can be resident; the cost model picks per split count.
-   * A device or driver without cluster launch (the query fails, or says 0) gets the
-   * combine kernel for every split count. */
+  /* Forwards of 2..8 splits a cluster may merge inside the kernel where such a cluster can
+   * be resident (sm90: one cluster per (t, head group); generic: R clusters of C, merged
+   * through distributed shared memory and, for R > 1, by the last cluster to finish); the
+   * cost model picks per split count. A device, driver or binary without cluster launch
+   * (the query fails, or says 0) gets the combine kernel for every split count. The
+   * generic kernel is also launched as a programmatic dependent where its code has
+   * griddepcontrol (sm_90 machine code). */
   memset(plan->merge_clusters, 0, sizeof plan->merge_clusters);
+  plan->forward_pdl = 0;
   int merge_lo = 0, merge_hi = 0;
-  if (sm90 && !(d->flags & SMLA_PLAN_SEPARATE_MERGE)) {
+  {
     s = device_enter(ctx, fn, &prev);
     if (s != SMLA_OK) return s;
-    for (int k = 2; k <= 8; k++) {
-      int n = 0;
-      if (smla_cuda_fwd90_cluster_capacity(d->dr, k, &n) != cudaSuccess) {
+    for (int k = 1; k <= 8; k++) {
+      int n = 0, pdl = 0;
+      if (k == 1 && sm90) continue;
+      if (k >= 2 && (d->flags & SMLA_PLAN_SEPARATE_MERGE)) break;
+      cudaError_t qe = cudaSuccess;
+      if (sm90) qe = smla_cuda_fwd90_cluster_capacity(d->dr, k, &n);
+      else switch (d->format) {
+      case SMLA_CACHE_BF16: qe = smla_cuda_fwd_caps_bf16(&c.cfg, k, &n, &pdl); break;
+      case SMLA_CACHE_FP8_TENSOR: qe = smla_cuda_fwd_caps_fp8(&c.cfg, k, &n, &pdl); break;
+      default: qe = smla_cuda_fwd_caps_ds(&c.cfg, k, &n, &pdl); break;
+      }
+      if (qe != cudaSuccess) {
         (void)cudaGetLastError(); /* not sticky: clear it for later launch checks */
-        n = 0;
+        n = pdl = 0;
+      }
+      if (k == 1) {
+        plan->forward_pdl = pdl && st->cc_major >= 9;
+        continue;
       }
       if (n > 0) {
         plan->merge_clusters[k] = n;
@@ -583,12 +622,17 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   const int merged_one = merged;
   const int s_max = plan_splits(plan, &c, d->max_tokens, &split_len, &merged);
   const int merged_max = merged;
+  /* Merge counters (generic kernel, R > 1 clusters a row): rows of T that need them. */
+  int64_t crow = 0;
   if (!plan->split_table) {
     cap = s_one > 1 ? d->max_tokens * s_one : 0;
+    if (merged_one && !sm90 && merge_cluster_of(&c, s_one) < s_one) crow = d->max_tokens;
   } else {
     for (int64_t T = 1; T <= plan->split_rows; T++) {
       const int k = plan->split_table[T - 1] & ~SPLIT_MERGED;
       if (k > 1 && T * k > cap) cap = T * k;
+      if ((plan->split_table[T - 1] & SPLIT_MERGED) && !sm90 && merge_cluster_of(&c, k) < k)
+        crow = T;
     }
   }
   /* The grid is (row, head group, split) in one dimension of at most 2^31-1 blocks. */
@@ -598,23 +642,57 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
                           "per launch, beyond the 2^31-1 of one grid dimension", fn,
                           (long long)d->max_tokens, (long long)grid_max);
   plan->num_splits = s_max;
-  *workspace_bytes = (size_t)cap * partial_row_bytes(d->num_heads);
+  plan->partial_rows = cap;
+  plan->counter_rows = crow;
+  const size_t part_bytes = (size_t)cap * partial_row_bytes(d->num_heads);
+  plan->counters_offset = crow ? (part_bytes + 255) / 256 * 256 : part_bytes;
+  *workspace_bytes = plan->counters_offset + (size_t)crow * c.groups * 8 * sizeof(int32_t);
 
+  /* "merged in-kernel", with the generic kernel's clusters: C a cluster x R a row */
+  char m_one[48] = "", m_max[48] = "";
+  const int c_one = merged_one ? merge_cluster_of(&c, s_one) : 0;
+  const int c_max = merged_max ? merge_cluster_of(&c, s_max) : 0;
+  if (c_one) merged_text(m_one, sizeof m_one, sm90, c_one, s_one);
+  if (c_max) merged_text(m_max, sizeof m_max, sm90, c_max, s_max);
 
   const char *policy = d->num_splits > 0 ? "forced"
                        : (d->flags & SMLA_PLAN_BATCH_INVARIANT) ? "batch-invariant, fixed"
                                                                 : "per T by cost model";
   snprintf(plan->describe, sizeof plan->describe,
            "%s: %s dr=%d, %d heads/block x %d groups, %s %d (%u KB smem), "
-           "%s bf16%s; splits %s (T=1: %d%s, T=%lld: %d%s; %d SMs); %lld partial rows%s",
+           "%s bf16%s%s; splits %s (T=1: %d%s, T=%lld: %d%s; %d SMs); %lld partial rows%s",
            sm90 ? "cuda-sm90" : "cuda-generic", format_name(d->format), d->dr,
            plan->heads_per_block, c.groups,
            d->format == SMLA_CACHE_BF16 ? "kv stages" : "fp8 staging", pipe,
            (unsigned)((sm90 ? smem90 : L.total) / 1024), sm90 ? "wgmma" : "mma.sync", early,
-           policy,
-           s_one, merged_one ? " merged in-kernel" : "", (long long)d->max_tokens, s_max,
-           merged_max ? " merged in-kernel" : "", st->sm_count, (long long)cap, merge);
+           plan->forward_pdl ? ", programmatic launch" : "", policy, s_one, m_one,
+           (long long)d->max_tokens, s_max, m_max, st->sm_count, (long long)cap, merge);
   return SMLA_OK;
+}
+
+/* The merge counters start at zero (each forward leaves them so): a memset on the legacy
+ * stream, waited for, once per plan (plan creation may synchronize; it is refused during
+ * capture). */
+static smla_status cuda_plan_ready(smla_plan *plan) {
+  if (plan->counter_rows == 0) return SMLA_OK;
+  smla_context *ctx = plan->ctx;
+  const int64_t groups = ceil_div(plan->desc.num_heads, plan->heads_per_block);
+  const size_t bytes = (size_t)(plan->counter_rows * groups * 8) * sizeof(int32_t);
+  int prev;
+  smla_status s = device_enter(ctx, "smla_plan_create", &prev);
+  if (s != SMLA_OK) return s;
+  cudaError_t e = cudaMemsetAsync((char *)plan->workspace + plan->counters_offset, 0, bytes,
+                                  cudaStreamLegacy);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
+  device_leave(ctx, prev);
+  if (e == cudaSuccess) return SMLA_OK;
+  if (is_capture_error(e)) {
+    (void)cudaGetLastError();
+    return smla_set_error(ctx, SMLA_ERR_CAPTURING, "smla_plan_create: zeroing the plan's "
+                          "merge counters during CUDA graph capture (%s); create plans "
+                          "before capturing", cudaGetErrorString(e));
+  }
+  return cuda_fail(ctx, e, "smla_plan_create: zeroing the merge counters");
 }
 
 /* ---- forward --------------------------------------------------------------------------- */
@@ -677,12 +755,20 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p,
   a.max_logit = p->max_logit;
   a.max_logit_stride_t = p->max_logit_stride_t;
   a.bad_inputs = (unsigned long long *)p->bad_inputs;
-  a.cluster_merge = merged;
+  a.cluster_merge = merged ? merge_cluster_of(&c, splits) : 0;
+  a.pdl = !c.sm90 && plan->forward_pdl;
+  if (a.cluster_merge && a.cluster_merge < splits) { /* generic, R > 1 clusters a row */
+    if (T > plan->counter_rows)
+      return smla_set_error(ctx, SMLA_ERR_INTERNAL, "%s: T = %lld needs merge counters the "
+                            "plan has for %lld rows only", fn, (long long)T,
+                            (long long)plan->counter_rows);
+    a.merge_counters = (int *)((char *)plan->workspace + plan->counters_offset);
+  }
 
   const int64_t part_stride_p = T * N; /* in (t, h) rows */
   int64_t cap = 0;
   if (splits > 1) {
-    cap = plan->workspace ? (int64_t)(plan->workspace_bytes / partial_row_bytes(N)) : 0;
+    cap = plan->workspace ? plan->partial_rows : 0;
     if (T * splits > cap)
       return smla_set_error(ctx, SMLA_ERR_INTERNAL, "%s: %lld rows x %d splits exceed the "
                             "plan's workspace of %lld partial rows", fn, (long long)T, splits,
@@ -732,7 +818,8 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p,
   m.max_logit_stride_t = p->max_logit_stride_t;
   m.sink = p->sink;
   m.dense = 1; /* the forward writes every partial row (zeros where lse = -inf) */
-  m.pdl = c.sm90 && plan->combine_pdl; /* the sm90 forward triggers it after its tile loop */
+  /* The sm90 forward triggers it after its tile loop, the generic one (a.pdl) at its start */
+  m.pdl = (c.sm90 || a.pdl) && plan->combine_pdl;
   m.fixed_order = (plan->desc.flags & SMLA_PLAN_BATCH_INVARIANT) != 0;
   return launched(ctx, prev, smla_cuda_merge(&m, stream), "smla_forward: combine kernel");
 }
@@ -745,6 +832,7 @@ const smla_backend smla_cuda_backend = {
     .cache_write = cuda_cache_write,
     .merge = cuda_merge,
     .plan_init = cuda_plan_init,
+    .plan_ready = cuda_plan_ready,
     .forward = cuda_forward,
     .alloc = cuda_alloc,
     .free = cuda_free,

@@ -49,6 +49,7 @@
 #include <math.h>
 
 #define FWD_THREADS SMLA_CUDA_FWD_THREADS
+#define FWD_MERGE_MAX_R SMLA_CUDA_FWD_MERGE_MAX_R
 
 /* Two e4m3 (low byte first) -> two floats, exact (through f16). */
 __device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
@@ -76,6 +77,192 @@ __device__ __forceinline__ void widen_chunk(uint4 raw, float sc, uint4 *lo, uint
 __device__ __forceinline__ uint32_t swz(int r, int c, int pitch) {
   return (uint32_t)(r * pitch + ((c ^ (r & 7)) << 4));
 }
+
+#if __CUDA_ARCH__ >= 900
+/* The in-kernel merge of the generic kernel (a.cluster_merge = C >= 2; kernels.h says the
+ * layout; docs/design/decode-one-launch.md the design). Called by every thread of every
+ * block of the cluster once the block's tile loop is done: its O (unnormalized) is in
+ * registers, its row maxima in rowmax_s and its per-warp row sums in red.
+ * 1. O staged in this block's shared memory (over Q and the KV stages, all consumed), the
+ *    row sums in the alpha slot; a cluster barrier publishes both with rowmax_s.
+ * 2. Block k merges its float4 columns [128 k / C, 128 (k + 1) / C) of every row over the C
+ *    blocks through distributed shared memory: weights exp(m_i - M) (0 where l_i = 0), M
+ *    the max of the m_i (NaN if any is), L the weighted sum of the l_i. Thread (row,
+ *    sub): 256 / M threads a row, each taking every (256 / M)-th unit.
+ * 3. R = 1: the final row (times value_scale / (L + sink term); zeros when L = 0) and, from
+ *    block 0, lse and max_logit: the rules of fwd_row_epilogue over the merged (M, L).
+ *    R > 1: the slice and (M, L) to the workspace, a fence, one count a block on
+ *    merge_counters[(t, group, k)]; the block that counts R merges the R slices the same
+ *    way (weights exp(M_r - M'), sum of L_r weighted) into the final row and resets the
+ *    counter. No block waits for another across clusters: the last one does the work.
+ * A second cluster barrier (arrive after the distributed reads, wait before exit) keeps
+ * each block's shared memory alive while the others read it. */
+template <int MT, int WN>
+__device__ __forceinline__ void fwd_merge_in_kernel(const smla_cuda_fwd_args &a, uint8_t *smem,
+                                                    const smla_cuda_fwd_layout &L,
+                                                    float (&O)[MT][8][4], int64_t t, int grp,
+                                                    int split, int h0) {
+  constexpr int M = 16 * MT, TPR = FWD_THREADS / M, ST = SMLA_CUDA_FWD_OST_STRIDE;
+  const float NEG_INF = -INFINITY;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tig = lane & 3;
+  float *ost = (float *)smem; /* [M][ST] */
+  const float *red = (const float *)(smem + L.red);
+  float *lrow = (float *)(smem + L.alpha); /* [M] row sums */
+  int *flag = (int *)(smem + L.mask);
+  const uint32_t sbase = smem_addr(smem);
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int row = mt * 16 + g + 8 * hh;
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++)
+        *(float2 *)(ost + row * ST + warp * 64 + nt * 8 + 2 * tig) =
+            make_float2(O[mt][nt][2 * hh], O[mt][nt][2 * hh + 1]);
+    }
+  if (tid < M) {
+    float l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WN; w++) l += red[w * M + tid];
+    lrow[tid] = l;
+  }
+  cluster_sync_acq_rel();
+
+  const int C = a.cluster_merge, R = a.num_splits / C, k = split % C, r = split / C;
+  const int u0 = 128 * k / C, u1 = 128 * (k + 1) / C;
+  const int row = tid / TPR, sub = tid - row * TPR, head = h0 + row;
+  const bool live = head < a.num_heads;
+  float w[8], M_ = NEG_INF, L_ = 0.0f;
+  {
+    float mk[8], lk[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      mk[i] = NEG_INF;
+      lk[i] = 0.0f;
+      if (i < C && live) {
+        mk[i] = ld_cluster_f32(sbase + L.rowmax + 4u * row, (uint32_t)i);
+        lk[i] = ld_cluster_f32(sbase + L.alpha + 4u * row, (uint32_t)i);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) M_ = fmax_nan(M_, mk[i]);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      w[i] = lk[i] != 0.0f ? expf(mk[i] - M_) : 0.0f;
+      L_ = fmaf(lk[i], w[i], L_);
+    }
+  }
+  /* Final scale of a merged row (fwd_row_epilogue's rule) and its lse / max_logit. */
+#define MERGE_FINAL_F(Mx, Lx)                                                               \
+  ((Lx) == 0.0f ? 0.0f                                                                      \
+                : a.value_scale / ((Lx) + (a.sink ? expf(a.sink[head] - (Mx)) : 0.0f)))
+#define MERGE_ROW_SCALARS(Mx, Lx)                                                           \
+  do {                                                                                      \
+    if (k == 0 && sub == 0 && live) {                                                       \
+      if (a.lse) a.lse[t * a.lse_stride_t + head] = (Lx) == 0.0f ? NEG_INF : (Mx) + logf(Lx); \
+      if (a.max_logit) a.max_logit[t * a.max_logit_stride_t + head] = (Mx);                 \
+    }                                                                                       \
+  } while (0)
+  uint16_t *orow = a.out + t * a.out_stride_t + (int64_t)head * a.out_stride_h;
+  const int64_t prow = (((int64_t)r * a.num_tokens + t) * a.num_heads + head) * 512;
+  const float f = MERGE_FINAL_F(M_, L_);
+  if (live) {
+#pragma unroll 1
+    for (int u = u0 + sub; u < u1; u += TPR) {
+      const uint32_t at = sbase + (uint32_t)(row * ST + 4 * u) * 4u;
+      float4 v[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+        if (i < C) v[i] = ld_cluster_f32x4(at, (uint32_t)i);
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+        if (i < C && w[i] != 0.0f) { /* 0 x a NaN of an unused split's O stays out */
+          acc.x = fmaf(v[i].x, w[i], acc.x);
+          acc.y = fmaf(v[i].y, w[i], acc.y);
+          acc.z = fmaf(v[i].z, w[i], acc.z);
+          acc.w = fmaf(v[i].w, w[i], acc.w);
+        }
+      if (R == 1)
+        *(uint2 *)(orow + 4 * u) =
+            make_uint2(pack_bf16x2(acc.x * f, acc.y * f), pack_bf16x2(acc.z * f, acc.w * f));
+      else
+        *(float4 *)(a.part_out + prow + 4 * u) = acc;
+    }
+  }
+  cluster_arrive_release(); /* this block's distributed reads are done */
+  if (R == 1) {
+    MERGE_ROW_SCALARS(M_, L_);
+  } else {
+    const int64_t mrow = (((int64_t)k * R + r) * a.num_tokens + t) * a.num_heads + head;
+    if (sub == 0 && live) {
+      a.part_max[mrow] = M_;
+      a.part_lse[mrow] = L_;
+    }
+    __threadfence(); /* this thread's slice and (M, L) before the block's count */
+    __syncthreads();
+    int *counter = a.merge_counters + (t * a.groups + grp) * 8 + k;
+    if (tid == 0) {
+      const int last = atomicAdd(counter, 1) == R - 1;
+      if (last) __threadfence(); /* the other clusters' slices, counted before this */
+      *flag = last;
+    }
+    __syncthreads();
+    if (*flag) {
+      if (live) {
+        /* R <= FWD_MERGE_MAX_R (the plan's limit): the weights stay in registers and each
+         * unit's R loads are issued before the first add. */
+        float wr[FWD_MERGE_MAX_R], Mq[FWD_MERGE_MAX_R], Lq[FWD_MERGE_MAX_R];
+        float Mf = NEG_INF, Lf = 0.0f;
+        const int64_t mstep = a.num_tokens * a.num_heads;
+        const int64_t m0 = (int64_t)k * R * mstep + t * a.num_heads + head;
+#pragma unroll
+        for (int q = 0; q < FWD_MERGE_MAX_R; q++) {
+          Mq[q] = NEG_INF;
+          Lq[q] = 0.0f;
+          if (q < R) {
+            Mq[q] = __ldcg(a.part_max + m0 + q * mstep);
+            Lq[q] = __ldcg(a.part_lse + m0 + q * mstep);
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < FWD_MERGE_MAX_R; q++) Mf = fmax_nan(Mf, Mq[q]);
+#pragma unroll
+        for (int q = 0; q < FWD_MERGE_MAX_R; q++) {
+          wr[q] = Lq[q] != 0.0f ? expf(Mq[q] - Mf) : 0.0f;
+          Lf = fmaf(Lq[q], wr[q], Lf);
+        }
+        const float ff = MERGE_FINAL_F(Mf, Lf);
+        const int64_t p0 = (t * a.num_heads + head) * 512, pstep = mstep * 512;
+#pragma unroll 1
+        for (int u = u0 + sub; u < u1; u += TPR) {
+          float4 v[FWD_MERGE_MAX_R];
+#pragma unroll
+          for (int q = 0; q < FWD_MERGE_MAX_R; q++)
+            if (q < R && wr[q] != 0.0f)
+              v[q] = __ldcg((const float4 *)(a.part_out + p0 + q * pstep + 4 * u));
+          float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+          for (int q = 0; q < FWD_MERGE_MAX_R; q++)
+            if (q < R && wr[q] != 0.0f) {
+              acc.x = fmaf(v[q].x, wr[q], acc.x);
+              acc.y = fmaf(v[q].y, wr[q], acc.y);
+              acc.z = fmaf(v[q].z, wr[q], acc.z);
+              acc.w = fmaf(v[q].w, wr[q], acc.w);
+            }
+          *(uint2 *)(orow + 4 * u) = make_uint2(pack_bf16x2(acc.x * ff, acc.y * ff),
+                                                pack_bf16x2(acc.z * ff, acc.w * ff));
+        }
+        MERGE_ROW_SCALARS(Mf, Lf);
+      }
+      if (tid == 0) *counter = 0; /* every count of this launch is in */
+    }
+  }
+#undef MERGE_FINAL_F
+#undef MERGE_ROW_SCALARS
+  cluster_wait(); /* no block leaves while another may still read its shared memory */
+}
+#endif
 
 template <int FMT, int DR, int MT>
 __global__ void __launch_bounds__(FWD_THREADS, 1)
@@ -118,6 +305,15 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
   const int g = lane >> 2, tig = lane & 3, x7 = lane & 7;
   const int lr = tid >> 2, lp = tid & 3; /* loader: row of the tile, quarter of the row */
 
+#if __CUDA_ARCH__ >= 900
+  /* A programmatic dependent (a.pdl) may start while the stream's previous kernel still
+   * runs: nothing global (inputs, outputs, workspace, counters) is touched before it has
+   * completed. Dependents of this grid may be scheduled from here on (they wait alike). */
+  if (a.pdl) {
+    griddep_wait();
+    griddep_launch_dependents();
+  }
+#endif
   const fwd_block blk = fwd_block_of(a);
   const int64_t t = blk.t;
   const int grp = blk.grp, split = blk.split, ks = blk.ks, kend = blk.kend;
@@ -485,7 +681,14 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
   }
   __syncthreads();
 
-  /* ---- epilogue: final (num_splits == 1) or partial state ---- */
+  /* ---- epilogue: merged in the kernel, final (num_splits == 1) or partial state ---- */
+#if __CUDA_ARCH__ >= 900
+  if (a.cluster_merge) {
+    fwd_merge_in_kernel<MT, WN>(a, smem, L, O, t, grp, split, h0);
+    fwd_count_bad(a, grp, bad);
+    return;
+  }
+#endif
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -516,9 +719,69 @@ static cudaError_t fwd_launch_t(const smla_cuda_fwd_config *c, const smla_cuda_f
   const int64_t blocks = a->num_tokens * a->groups * a->num_splits;
   if (blocks <= 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  fwd_kernel<FMT, DR, MT><<<(unsigned)blocks, FWD_THREADS, L.total, (cudaStream_t)stream>>>(
-      *a, c->pipe);
-  return cudaGetLastError();
+  const int C = a->cluster_merge;
+  if (C && (C < 2 || C > 8 || a->num_splits % C != 0 ||
+            a->num_splits / C > SMLA_CUDA_FWD_MERGE_MAX_R ||
+            (a->num_splits > C && !a->merge_counters) ||
+            (uint32_t)(16 * MT * SMLA_CUDA_FWD_OST_STRIDE * 4) > L.red))
+    return cudaErrorInvalidValue;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)blocks, 1, 1);
+  cfg.blockDim = dim3(FWD_THREADS, 1, 1);
+  cfg.dynamicSmemBytes = L.total;
+  cfg.stream = (cudaStream_t)stream;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (C) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = (unsigned)C;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    n++;
+  }
+  if (a->pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    n++;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = (unsigned)n;
+  return cudaLaunchKernelEx(&cfg, fwd_kernel<FMT, DR, MT>, *a, c->pipe);
+}
+
+/* SMLA_FWD_PDL=0 (A/B build): the generic forward is never a programmatic dependent. */
+#ifndef SMLA_FWD_PDL
+#define SMLA_FWD_PDL 1
+#endif
+
+template <int FMT, int DR, int MT>
+static cudaError_t fwd_caps_t(const smla_cuda_fwd_config *c, int cluster, int *clusters,
+                              int *pdl_ok) {
+  *clusters = 0;
+  *pdl_ok = 0;
+  cudaFuncAttributes fa;
+  cudaError_t e = cudaFuncGetAttributes(&fa, fwd_kernel<FMT, DR, MT>);
+  if (e != cudaSuccess) return e;
+  /* The code that runs came from sm_90+ PTX: griddepcontrol and clusters are in it (a
+   * device JIT-compiling the compute_80 PTX gets a kernel without them). */
+  if (fa.ptxVersion < 90) return cudaSuccess;
+  *pdl_ok = SMLA_FWD_PDL;
+  const smla_cuda_fwd_layout L0 = smla_cuda_fwd_layout_of(FMT, DR, MT, c->pipe);
+  if (cluster < 2 || (uint32_t)(16 * MT * SMLA_CUDA_FWD_OST_STRIDE * 4) > L0.red)
+    return cudaSuccess;
+  const smla_cuda_fwd_layout L = smla_cuda_fwd_layout_of(FMT, DR, MT, c->pipe);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)cluster, 1, 1);
+  cfg.blockDim = dim3(FWD_THREADS, 1, 1);
+  cfg.dynamicSmemBytes = L.total;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = (unsigned)cluster;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaOccupancyMaxActiveClusters(clusters, fwd_kernel<FMT, DR, MT>, &cfg);
 }
 
 template <int FMT, int DR, int MT>
@@ -539,6 +802,18 @@ static cudaError_t fwd_prepare_t(int max_smem) {
     case 3: return fwd_launch_t<FMT, 0, 1>(c, a, stream);                                   \
     case 4: return fwd_launch_t<FMT, 0, 2>(c, a, stream);                                   \
     default: return fwd_launch_t<FMT, 0, 4>(c, a, stream);                                  \
+    }                                                                                       \
+  }                                                                                         \
+  extern "C" cudaError_t smla_cuda_fwd_caps_##NAME(const smla_cuda_fwd_config *c,           \
+                                                   int cluster, int *clusters, int *pdl) {  \
+    const int v = (c->dr == 64 ? 0 : 3) + (c->mtiles == 1 ? 0 : c->mtiles == 2 ? 1 : 2);    \
+    switch (v) {                                                                            \
+    case 0: return fwd_caps_t<FMT, 64, 1>(c, cluster, clusters, pdl);                      \
+    case 1: return fwd_caps_t<FMT, 64, 2>(c, cluster, clusters, pdl);                      \
+    case 2: return fwd_caps_t<FMT, 64, 4>(c, cluster, clusters, pdl);                      \
+    case 3: return fwd_caps_t<FMT, 0, 1>(c, cluster, clusters, pdl);                       \
+    case 4: return fwd_caps_t<FMT, 0, 2>(c, cluster, clusters, pdl);                       \
+    default: return fwd_caps_t<FMT, 0, 4>(c, cluster, clusters, pdl);                      \
     }                                                                                       \
   }                                                                                         \
   extern "C" cudaError_t smla_cuda_fwd_prepare_##NAME(const smla_cuda_fwd_config *c,        \

@@ -151,10 +151,21 @@ typedef struct smla_cuda_fwd_args {
   float *part_out;             /* [splits][T][N][512], normalized by the split's own sum */
   float *part_lse;             /* [splits][T][N]; -inf: the split saw no used entry */
   float *part_max;             /* [splits][T][N] */
-  /* sm90 only, 2 <= num_splits <= 8: the splits of one (t, head group) run as one thread-
-   * block cluster and merge inside the kernel (part_out as the exchange, part_lse and
-   * part_max unused, no combine kernel); blocks numbered (t, group, split), split fastest. */
+  /* cluster_merge = C >= 2: the splits merge inside the kernel, no combine kernel. Blocks
+   * are numbered (t, group, split), split fastest, and launched as clusters of C
+   * consecutive splits. sm90 kernel: C == num_splits (2..8), part_out the exchange.
+   * Generic kernel (sm_90 code only: smla_cuda_fwd_caps): R = num_splits / C clusters a
+   * (t, group); the blocks of a cluster merge through distributed shared memory, block k
+   * owning float4 columns [128 k / C, 128 (k + 1) / C); with R > 1, block k of each cluster
+   * writes its merged slice (unnormalized, relative to the cluster's max) to part_out row
+   * (r * T + t) * N + h and the cluster's max and sum to part_max / part_lse at ((k * R +
+   * r) * T + t) * N + h, then counts itself on merge_counters; the block that counts last
+   * merges the R slices into the final row and sets its counter back to 0. */
   int cluster_merge;
+  int *merge_counters;         /* generic, R > 1: [T][groups][8], zero between launches */
+  int pdl;                     /* generic: launched as a programmatic dependent of the
+                                  stream's previous kernel (waits for it before its first
+                                  global access; needs sm_90 code: smla_cuda_fwd_caps) */
   unsigned long long *bad_inputs; /* may be NULL */
   /* smla_forward_indices: conv.req_id != NULL; then slots / slots_stride are the request-
    * local positions (conv.local), each converted by convert_one as read (conv.slots,
@@ -207,6 +218,24 @@ SMLA_CUDA_HD smla_cuda_fwd_layout smla_cuda_fwd_layout_of(int format, int dr, in
   l.total = l.scale + (format == 2 ? bn * 16u : 0u);
   return l;
 }
+
+/* What the generic kernel of a variant can do on the current device (call after
+ * prepare): *pdl_ok, whether it may be launched as a programmatic dependent (args.pdl;
+ * its machine code came from sm_90+ PTX, which has griddepcontrol); with cluster >= 2,
+ * *clusters = how many clusters of that many blocks can be resident at once (0: none, or
+ * the kernel has no cluster code, or the staged O does not fit the variant). */
+cudaError_t smla_cuda_fwd_caps_bf16(const smla_cuda_fwd_config *c, int cluster, int *clusters,
+                                    int *pdl_ok);
+cudaError_t smla_cuda_fwd_caps_fp8(const smla_cuda_fwd_config *c, int cluster, int *clusters,
+                                   int *pdl_ok);
+cudaError_t smla_cuda_fwd_caps_ds(const smla_cuda_fwd_config *c, int cluster, int *clusters,
+                                  int *pdl_ok);
+/* The staged O of the generic kernel's in-kernel merge: floats a row (16 x 8 rows of a
+ * warp's float2 writes on distinct banks). Fits below L.red for every variant the plan
+ * lets merge (checked there). */
+#define SMLA_CUDA_FWD_OST_STRIDE 520
+/* The generic kernel's in-kernel merge: clusters a (t, head group) at most (R). */
+#define SMLA_CUDA_FWD_MERGE_MAX_R 16
 
 /* Per-format entry points (one translation unit each). prepare lets the variant's kernel
  * use up to max_smem bytes of dynamic shared memory (cudaFuncSetAttribute: host-side, call

@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(MERGE4_WARPS * 32) merge4_kernel(const smla_cu
 #if __CUDA_ARCH__ >= 900
   /* A programmatic dependent (a.pdl) may start before the forward has finished: wait for
    * its completion and its writes (a no-op for a plain launch). */
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  griddep_wait();
 #endif
   const int64_t row = (int64_t)blockIdx.x * MERGE4_WARPS + warp;
   if (row >= a.num_tokens * a.num_heads) return;

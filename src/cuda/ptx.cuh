@@ -120,4 +120,62 @@ __device__ __forceinline__ uint4 ld_nc_16(const void *p) {
   return v;
 }
 
+/* ---- sm_90 only (call under __CUDA_ARCH__ >= 900): clusters, programmatic launch ---- */
+
+/* barrier.cluster.arrive.release / wait.acquire (.aligned: every thread of the warp):
+ * all non-exited threads of every block of the cluster; the release/acquire pair orders
+ * shared and global memory at cluster scope. */
+__device__ __forceinline__ void cluster_sync_acq_rel() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+/* barrier.cluster.arrive.release.aligned: this thread's earlier accesses (distributed
+ * shared-memory reads included) are done before the others' matching wait returns. */
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+
+/* barrier.cluster.wait.aligned: until every thread of the cluster has arrived. */
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+/* mapa.shared::cluster.u32: shared address saddr (this block's layout) in cluster block
+ * `rank`'s shared memory. */
+__device__ __forceinline__ uint32_t cluster_map(uint32_t saddr, uint32_t rank) {
+  uint32_t ra;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(saddr), "r"(rank));
+  return ra;
+}
+
+/* ld.shared::cluster.f32: the float at shared address saddr of cluster block `rank`. */
+__device__ __forceinline__ float ld_cluster_f32(uint32_t saddr, uint32_t rank) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n"
+               : "=f"(v) : "r"(cluster_map(saddr, rank)) : "memory");
+  return v;
+}
+
+/* ld.shared::cluster.v4.f32: 16 bytes at shared address saddr of cluster block `rank`. */
+__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t saddr, uint32_t rank) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(cluster_map(saddr, rank)) : "memory");
+  return v;
+}
+
+/* griddepcontrol.wait: until the grids this one depends on programmatically have completed
+ * and their writes are visible (a no-op in a plain launch). */
+__device__ __forceinline__ void griddep_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+/* griddepcontrol.launch_dependents: a programmatic dependent may be scheduled once every
+ * block of this grid has issued it (or exited). */
+__device__ __forceinline__ void griddep_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 #endif /* SMLA_CUDA_PTX_CUH */

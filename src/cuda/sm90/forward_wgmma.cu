@@ -70,12 +70,13 @@
 #ifndef SMLA_FWD90_EARLY_FORCE
 #define SMLA_FWD90_EARLY_FORCE -1
 #endif
-/* SMLA_FWD90_BALLOT_MASK (experiment, not yet measured: docs/design/cuda-sm90-forward.md,
- * fused index conversion): each compute lane loads one slot a tile instead of 8, and a
- * warp ballot hands the used bits to the 8 lanes that share its columns; fused, each
- * entry is then converted 4 times in a warpgroup instead of 32. */
+/* SMLA_FWD90_BALLOT_MASK (default 1; 0 builds the earlier per-thread masks for A/B): each
+ * compute lane loads one slot a tile instead of 8, and a warp ballot hands the used bits
+ * to the 8 lanes that share its columns; fused, each entry is then converted 4 times in a
+ * warpgroup instead of 32. Measured (H100, bench/RESULTS.md session 11): the fused step
+ * 1.5-1.6x faster (T=64 N=128 166 -> 103 us, T=1024 N=128 2468 -> 1572 us). */
 #ifndef SMLA_FWD90_BALLOT_MASK
-#define SMLA_FWD90_BALLOT_MASK 0
+#define SMLA_FWD90_BALLOT_MASK 1
 #endif
 /* The epilogue stages O in shared memory and stores whole rows (measured against
  * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
@@ -596,7 +597,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #endif
     /* The combine kernel (a programmatic dependent, smla_cuda_merge_args.pdl) may be
      * scheduled from here on; it waits for this grid's completion before it reads. */
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    griddep_launch_dependents();
 #if SMLA_FWD90_WS
 #undef W_LOAD_SLOTS
 #undef W_COL
@@ -792,7 +793,7 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *
   const int64_t blocks = a->num_tokens * a->groups * a->num_splits;
   if (blocks <= 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  if (a->cluster_merge && (a->num_splits < 2 || a->num_splits > 8))
+  if (a->cluster_merge && (a->num_splits < 2 || a->num_splits > 8 || a->cluster_merge != a->num_splits))
     return cudaErrorInvalidValue;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t c = w_config((unsigned)blocks, smla_cuda_fwd90_smem_bytes(dr),

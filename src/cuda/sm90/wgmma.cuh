@@ -118,21 +118,6 @@ __device__ __forceinline__ void named_bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
-/* barrier.cluster.arrive.release / wait.acquire (.aligned: every thread of the warp):
- * all non-exited threads of every block of the cluster; the release/acquire pair orders
- * shared and global memory at cluster scope. */
-__device__ __forceinline__ void cluster_sync_acq_rel() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-/* The float at shared address saddr (this block's layout) of cluster block `rank`. */
-__device__ __forceinline__ float ld_cluster_f32(uint32_t saddr, uint32_t rank) {
-  uint32_t ra;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(saddr), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(ra) : "memory");
-  return v;
-}
+/* The cluster barrier and distributed shared-memory loads: ptx.cuh. */
 
 #endif /* SMLA_CUDA_SM90_WGMMA_CUH */
