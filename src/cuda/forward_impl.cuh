@@ -199,10 +199,12 @@ __device__ __forceinline__ void fwd_merge_in_kernel(const smla_cuda_fwd_args &a,
       a.part_max[mrow] = M_;
       a.part_lse[mrow] = L_;
     }
-    __threadfence(); /* this thread's slice and (M, L) before the block's count */
+    /* One release a block (after the barrier, which orders the block's writes before it)
+     * and one acquire in the last block, as a block-wide semaphore does. */
     __syncthreads();
     int *counter = a.merge_counters + (t * a.groups + grp) * 8 + k;
     if (tid == 0) {
+      __threadfence();
       const int last = atomicAdd(counter, 1) == R - 1;
       if (last) __threadfence(); /* the other clusters' slices, counted before this */
       *flag = last;
@@ -210,50 +212,46 @@ __device__ __forceinline__ void fwd_merge_in_kernel(const smla_cuda_fwd_args &a,
     __syncthreads();
     if (*flag) {
       if (live) {
-        /* R <= FWD_MERGE_MAX_R (the plan's limit): the weights stay in registers and each
-         * unit's R loads are issued before the first add. */
-        float wr[FWD_MERGE_MAX_R], Mq[FWD_MERGE_MAX_R], Lq[FWD_MERGE_MAX_R];
-        float Mf = NEG_INF, Lf = 0.0f;
+        /* R <= FWD_MERGE_MAX_R (the plan's limit): each unit's R slices and the R (M, L)
+         * pairs are loaded together (one L2 round trip), then weighed; a weight of 0
+         * (a cluster with no used entry) keeps its slice out of the sum. */
         const int64_t mstep = a.num_tokens * a.num_heads;
         const int64_t m0 = (int64_t)k * R * mstep + t * a.num_heads + head;
-#pragma unroll
-        for (int q = 0; q < FWD_MERGE_MAX_R; q++) {
-          Mq[q] = NEG_INF;
-          Lq[q] = 0.0f;
-          if (q < R) {
-            Mq[q] = __ldcg(a.part_max + m0 + q * mstep);
-            Lq[q] = __ldcg(a.part_lse + m0 + q * mstep);
-          }
-        }
-#pragma unroll
-        for (int q = 0; q < FWD_MERGE_MAX_R; q++) Mf = fmax_nan(Mf, Mq[q]);
-#pragma unroll
-        for (int q = 0; q < FWD_MERGE_MAX_R; q++) {
-          wr[q] = Lq[q] != 0.0f ? expf(Mq[q] - Mf) : 0.0f;
-          Lf = fmaf(Lq[q], wr[q], Lf);
-        }
-        const float ff = MERGE_FINAL_F(Mf, Lf);
         const int64_t p0 = (t * a.num_heads + head) * 512, pstep = mstep * 512;
 #pragma unroll 1
         for (int u = u0 + sub; u < u1; u += TPR) {
+          float Mq[FWD_MERGE_MAX_R], Lq[FWD_MERGE_MAX_R];
           float4 v[FWD_MERGE_MAX_R];
 #pragma unroll
-          for (int q = 0; q < FWD_MERGE_MAX_R; q++)
-            if (q < R && wr[q] != 0.0f)
+          for (int q = 0; q < FWD_MERGE_MAX_R; q++) {
+            Mq[q] = NEG_INF;
+            Lq[q] = 0.0f;
+            if (q < R) {
+              Mq[q] = __ldcg(a.part_max + m0 + q * mstep);
+              Lq[q] = __ldcg(a.part_lse + m0 + q * mstep);
               v[q] = __ldcg((const float4 *)(a.part_out + p0 + q * pstep + 4 * u));
+            }
+          }
+          float Mf = NEG_INF, Lf = 0.0f;
+#pragma unroll
+          for (int q = 0; q < FWD_MERGE_MAX_R; q++) Mf = fmax_nan(Mf, Mq[q]);
           float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-          for (int q = 0; q < FWD_MERGE_MAX_R; q++)
-            if (q < R && wr[q] != 0.0f) {
-              acc.x = fmaf(v[q].x, wr[q], acc.x);
-              acc.y = fmaf(v[q].y, wr[q], acc.y);
-              acc.z = fmaf(v[q].z, wr[q], acc.z);
-              acc.w = fmaf(v[q].w, wr[q], acc.w);
+          for (int q = 0; q < FWD_MERGE_MAX_R; q++) {
+            const float wq = Lq[q] != 0.0f ? expf(Mq[q] - Mf) : 0.0f;
+            Lf = fmaf(Lq[q], wq, Lf);
+            if (q < R && wq != 0.0f) {
+              acc.x = fmaf(v[q].x, wq, acc.x);
+              acc.y = fmaf(v[q].y, wq, acc.y);
+              acc.z = fmaf(v[q].z, wq, acc.z);
+              acc.w = fmaf(v[q].w, wq, acc.w);
             }
+          }
+          const float ff = MERGE_FINAL_F(Mf, Lf);
           *(uint2 *)(orow + 4 * u) = make_uint2(pack_bf16x2(acc.x * ff, acc.y * ff),
                                                 pack_bf16x2(acc.z * ff, acc.w * ff));
+          if (u == u0 + sub) MERGE_ROW_SCALARS(Mf, Lf); /* sub 0 has a unit: u1 - u0 >= 16 */
         }
-        MERGE_ROW_SCALARS(Mf, Lf);
       }
       if (tid == 0) *counter = 0; /* every count of this launch is in */
     }
