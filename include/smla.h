@@ -258,9 +258,11 @@ typedef struct smla_plan smla_plan;
  * specific kernel exists (CUDA: the sm_90a wgmma one on H100/H200): for A/B comparisons
  * and tests. Same results within rounding; smla_plan_describe names the kernel chosen. */
 #define SMLA_PLAN_PORTABLE 2u
-/* Merge KV splits only with the separate combine kernel, never inside the forward (CUDA:
- * the sm_90a kernel's cluster merge of 2..8 splits): for A/B comparisons and tests. Same
- * results within rounding; smla_plan_describe says which merge a plan uses. */
+/* Merge KV splits only with the separate combine kernel, never inside the forward (CUDA,
+ * sm_90 devices: the wgmma kernel's cluster merge of 2..8 splits, and the generic kernel's
+ * clusters of up to 8 splits merged over distributed shared memory, R of them a row merged
+ * by the last to finish): for A/B comparisons and tests. Same results within rounding;
+ * smla_plan_describe says which merge a plan uses. */
 #define SMLA_PLAN_SEPARATE_MERGE 4u
 
 typedef struct smla_plan_desc {
@@ -298,7 +300,13 @@ smla_status smla_plan_create(smla_context *ctx, const smla_plan_desc *desc, void
                              size_t workspace_bytes, smla_plan **plan);
 /* A plan's workspace holds the split-KV partials of the forward in flight: forwards on
  * one plan must be ordered (one stream, or events between streams). To overlap two
- * batches on two streams, make one plan for each. */
+ * batches on two streams, make one plan for each. Where the CUDA forward merges its splits
+ * inside the kernel across clusters (smla_plan_describe: "merged in-kernel (R clusters of
+ * C)" with R > 1), the workspace also holds merge counters: smla_plan_create zeroes them
+ * (a memset on the legacy stream, waited for) and every forward leaves them at zero, so
+ * graph replays need nothing. A forward stopped by a device fault can leave them set:
+ * destroy the plan and create it again (after a sticky CUDA error the context must be
+ * re-created anyway). */
 /* Frees the plan (and its own workspace); NULL is a no-op. */
 void smla_plan_destroy(smla_plan *plan);
 /* Which path the plan chose and why, e.g.

@@ -301,11 +301,15 @@ static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 2.4, 0.0, 4.7}; /* by mtiles
 #define COMBINE_BYTES_PER_US 8.0e6 /* partials written once, read once, mostly in L2 */
 #define CLUSTER_MERGE_US 1.5       /* sm90 in-kernel merge: 2 cluster barriers, (S-1)/S of
                                       O out to L2 and back in (napkin math; refit) */
-#define DSMEM_MERGE_US 0.8         /* generic in-kernel merge inside a cluster: 2 cluster
-                                      barriers, (C-1)/C of O over distributed shared
-                                      memory (napkin math; refit) */
-#define LAST_ARRIVER_US 1.5        /* generic, R > 1 clusters a row: slices to L2, a fence
-                                      and a count, the last block's L2 round trip */
+/* The generic kernel's in-kernel merge, fitted to H100 timings (bench/RESULTS.md session
+ * 11 run 4, N = 16, against the combine launched as a programmatic dependent): one cluster
+ * of C a row (2 cluster barriers, O over distributed shared memory) costs what the combine
+ * does at T = 1 (8 splits: 18.19 against 18.05 us) and saves 2 us of its 3.5 at T = 64
+ * (2 splits: 57.0 against 59.0); R > 1 clusters a row (slices to L2, a release and a
+ * count, the last block's L2 round trip) cost ~1 us more than the combine (32 splits,
+ * 4 x 8: 11.95 against 11.16 us; 16, 2 x 8: 14.26 against 13.19). */
+#define DSMEM_MERGE_US 1.5
+#define LAST_ARRIVER_US 2.5
 #define MAX_AUTO_SPLITS 64         /* beyond this the combine dominates */
 #define NO_SPLIT_WAVES 4           /* T * groups >= 4 waves of SMs: never split */
 
