@@ -228,6 +228,11 @@ MUTANTS = [
       ": a.sinked ? expf(smla_logaddexpf(l, sink_h) - lae_all) : expf(l - lse);",
       ": expf(l - lse);",
       "public merge kernel (v1) ignores the sink of sinked partials", "merge,dcp"),
+    M("gpu_split_rest_7bit", "gpu", "src/cuda/backend.c",
+      "    plan->split_rest = s; /* forced: up to 1024, so not in split_table's 8-bit code */",
+      "    plan->split_rest = s & 0x7f; /* forced: up to 1024, so not in split_table's 8-bit code */",
+      "a forced split count kept in 7 bits (the bug found in session 11: 128 splits launched "
+      "nothing, 200 ran 72)", "many_splits"),
     M("gpu_tensor_value_scale", "gpu", "src/cuda/backend.c",
       "a.value_scale = tensor ? p->cache.scale : 1.0f;",
       "a.value_scale = 1.0f;",

@@ -57,12 +57,14 @@ struct smla_plan {
   size_t counters_offset;
   int64_t counter_rows;
   /* CUDA: the KV split of every T, chosen once at plan creation (the forward only looks it
-   * up). T <= split_rows: split_table[T - 1], bits 0-6 the split count, bit 7 set when the
-   * splits merge inside the kernel; T > split_rows: split_rest (the same encoding). Owned
-   * by the plan (freed by smla_plan_destroy); NULL where every T splits alike. */
+   * up). T <= split_rows: split_table[T - 1], bits 0-6 the split count (the cost model's
+   * at most 64), bit 7 set when the splits merge inside the kernel; T > split_rows:
+   * split_rest splits (a forced count may be up to 1024: no flag bits in it), merged in the
+   * kernel when split_rest_merged. Owned by the plan (freed by smla_plan_destroy); NULL
+   * where every T splits alike. */
   uint8_t *split_table;
   int64_t split_rows;
-  int split_rest;
+  int split_rest, split_rest_merged;
   int split_len_rest;             /* CUDA: entries per split of split_rest (forced splits
                                      need not be whole tiles) */
   int num_threads;                /* CPU: workers (fixed at plan creation) */

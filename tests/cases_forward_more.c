@@ -439,6 +439,17 @@ static void c_generic_merges_n64_fp8(t_case *tc) {
   generic_merges(tc, 64, 64, SMLA_CACHE_FP8_TENSOR, 0.0f, 1, SMLA_PLAN_PORTABLE);
 }
 
+/* Forced split counts of 128 and more (up to 1024, what desc.num_splits allows): 128 (a
+ * power of two: bit 7 of a byte), 200 (11 entries a split, so 187 splits) and 1024 (2
+ * entries a split) at 16 heads on the generic kernel, 150 at 64 heads (the sm90 kernel on
+ * sm_90 devices), each against the CPU. Until session 11 the plan kept a forced count in
+ * the 8-bit code of its split table, whose bit 7 is the in-kernel-merge flag: 128 splits
+ * launched no block at all (the output was never written) and 200 ran 72. */
+static void c_many_splits(t_case *tc) {
+  static const struct { int N, splits; } cfg[4] = {{16, 128}, {16, 200}, {16, 1024}, {64, 150}};
+  for (int i = 0; i < 4; i++) wide(tc, 2, cfg[i].N, 2048, 64, 0.0f, 1, cfg[i].splits);
+}
+
 /* A sinked forward split by the caller into P parts (KV splits of its own, or context-
  * parallel shards), each part a forward with the same sink and lse out, then merged with
  * smla_merge_states given that sink: equals the sinked forward over the whole row. Each
@@ -612,6 +623,7 @@ void t_register_forward_more_cases(void) {
   t_register("forward_wide_n48_k1", c_wide_n48_k1);
   t_register("forward_wide_n128_merges", c_wide_n128_merges);
   t_register("forward_generic_merges_n16", c_generic_merges_n16);
+  t_register("forward_many_splits", c_many_splits);
   t_register("forward_generic_merges_n32_dr0", c_generic_merges_n32_dr0);
   t_register("forward_generic_merges_n64_fp8", c_generic_merges_n64_fp8);
   t_register("forward_caller_workspace", c_caller_workspace);

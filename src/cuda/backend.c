@@ -439,15 +439,16 @@ static int model_splits(const smla_plan *plan, const fwd_choice *c, const cuda_s
   return auto_splits(c, st, d->num_heads, d->topk, T_model, split_len, merged);
 }
 
-#define SPLIT_MERGED 0x80 /* split_table, split_rest: the splits merge in the kernel */
+#define SPLIT_MERGED 0x80 /* split_table: the splits merge in the kernel */
+_Static_assert(MAX_AUTO_SPLITS < SPLIT_MERGED, "split_table's count bits hold the model's");
 
 /* The plan's split of T rows (from the table made by fill_split_table). */
 static int plan_splits(const smla_plan *plan, const fwd_choice *c, int64_t T, int *split_len,
                        int *merged) {
   if (T > plan->split_rows) {
     *split_len = plan->split_len_rest;
-    *merged = (plan->split_rest & SPLIT_MERGED) != 0;
-    return plan->split_rest & ~SPLIT_MERGED;
+    *merged = plan->split_rest_merged;
+    return plan->split_rest;
   }
   const int e = plan->split_table[T - 1];
   const int s = e & ~SPLIT_MERGED;
@@ -468,7 +469,8 @@ static smla_status fill_split_table(smla_plan *plan, const fwd_choice *c,
   plan->split_rows = 0;
   if (d->num_splits > 0 || (d->flags & SMLA_PLAN_BATCH_INVARIANT)) {
     const int s = model_splits(plan, c, st, 1, &split_len, &merged);
-    plan->split_rest = s | (merged ? SPLIT_MERGED : 0);
+    plan->split_rest = s; /* forced: up to 1024, so not in split_table's 8-bit code */
+    plan->split_rest_merged = merged;
     plan->split_len_rest = split_len;
     return SMLA_OK;
   }
@@ -484,6 +486,7 @@ static smla_status fill_split_table(smla_plan *plan, const fwd_choice *c,
   }
   plan->split_rows = rows;
   plan->split_rest = 1;
+  plan->split_rest_merged = 0;
   plan->split_len_rest = d->topk;
   /* Beyond the table: T > max_tokens (refused before a forward gets here), or T * groups
    * >= NO_SPLIT_WAVES waves, where the model never splits; checked, not assumed. */
