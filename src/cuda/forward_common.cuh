@@ -133,6 +133,39 @@ __device__ __forceinline__ const uint16_t *q_chunk_src(const smla_cuda_fwd_args 
                 : a.q_pe + t * a.q_pe_stride_t + head * a.q_pe_stride_h + 8 * (c - 64);
 }
 
+/* The rules of a row's final state, written once for the forward's epilogue, the sm90
+ * kernel's cluster merge and the generic kernel's in-kernel merge (the combine kernel,
+ * merge.cu, works from lse values, not (max, sum) pairs, and has its own form of them).
+ * A row (or a part of one: a split, a cluster) is a max M and a sum L of exp(logit - M)
+ * over its used entries; L = 0 when it has none (then M = -inf).
+ * - A part (m, l) weighs exp(m - M) in a merge whose max is M; 0 when l = 0 (-inf - -inf
+ *   would be NaN). M is the max.NaN of the parts' m: a NaN logit poisons the row.
+ * - lse = M + log(L), -inf when L = 0.
+ * - The output factor: value_scale / (L + exp(sink - M)) with a sink, value_scale / L
+ *   without; 0 when L = 0 (the row is zeros). */
+__device__ __forceinline__ float part_weight(float m, float l, float M) {
+  return l != 0.0f ? expf(m - M) : 0.0f;
+}
+
+__device__ __forceinline__ float row_lse(float M, float L) {
+  return L == 0.0f ? -INFINITY : M + logf(L);
+}
+
+__device__ __forceinline__ float row_out_factor(const float *sink, int head, float M, float L,
+                                                float value_scale) {
+  if (L == 0.0f) return 0.0f;
+  float den = L;
+  if (sink) den += expf(sink[head] - M);
+  return value_scale / den;
+}
+
+/* A final row's lse and max_logit, where the caller asked for them. */
+__device__ __forceinline__ void fwd_store_row_scalars(const smla_cuda_fwd_args &a, int64_t t,
+                                                      int head, float M, float L) {
+  if (a.lse) a.lse[t * a.lse_stride_t + head] = row_lse(M, L);
+  if (a.max_logit) a.max_logit[t * a.max_logit_stride_t + head] = M;
+}
+
 /* One (t, head) row's epilogue, from its sum of weights l and max m: with one split, the
  * final bf16 row `out` scaled by f (the 1/l, sink and FP8_TENSOR value scale; 0 when no
  * entry was used) and lse / max_logit; with several, the partial row `part` (written
@@ -149,24 +182,16 @@ __device__ __forceinline__ fwd_row_out fwd_row_epilogue(const smla_cuda_fwd_args
                                                         int split, int head, float l, float m,
                                                         bool writer) {
   fwd_row_out r = {NULL, NULL, 0.0f};
-  const float lse = l == 0.0f ? -INFINITY : m + logf(l);
   if (a.num_splits == 1) {
-    if (l != 0.0f) {
-      float den = l;
-      if (a.sink) den += expf(a.sink[head] - m);
-      r.f = a.value_scale / den;
-    }
+    r.f = row_out_factor(a.sink, head, m, l, a.value_scale);
     r.out = a.out + t * a.out_stride_t + (int64_t)head * a.out_stride_h;
-    if (writer) {
-      if (a.lse) a.lse[t * a.lse_stride_t + head] = lse;
-      if (a.max_logit) a.max_logit[t * a.max_logit_stride_t + head] = m;
-    }
+    if (writer) fwd_store_row_scalars(a, t, head, m, l);
   } else {
     const int64_t prow = ((int64_t)split * a.num_tokens + t) * a.num_heads + head;
-    if (l != 0.0f) r.f = a.value_scale / l;
+    r.f = row_out_factor(NULL, head, m, l, a.value_scale); /* the combine adds the sink */
     r.part = a.part_out + prow * 512; /* zeros when l == 0: the combine reads every row */
     if (writer) {
-      a.part_lse[prow] = lse;
+      a.part_lse[prow] = row_lse(m, l);
       a.part_max[prow] = m;
     }
   }

@@ -148,24 +148,13 @@ __device__ __forceinline__ void fwd_merge_in_kernel(const smla_cuda_fwd_args &a,
     for (int i = 0; i < 8; i++) M_ = fmax_nan(M_, mk[i]);
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-      w[i] = lk[i] != 0.0f ? expf(mk[i] - M_) : 0.0f;
+      w[i] = part_weight(mk[i], lk[i], M_);
       L_ = fmaf(lk[i], w[i], L_);
     }
   }
-  /* Final scale of a merged row (fwd_row_epilogue's rule) and its lse / max_logit. */
-#define MERGE_FINAL_F(Mx, Lx)                                                               \
-  ((Lx) == 0.0f ? 0.0f                                                                      \
-                : a.value_scale / ((Lx) + (a.sink ? expf(a.sink[head] - (Mx)) : 0.0f)))
-#define MERGE_ROW_SCALARS(Mx, Lx)                                                           \
-  do {                                                                                      \
-    if (k == 0 && sub == 0 && live) {                                                       \
-      if (a.lse) a.lse[t * a.lse_stride_t + head] = (Lx) == 0.0f ? NEG_INF : (Mx) + logf(Lx); \
-      if (a.max_logit) a.max_logit[t * a.max_logit_stride_t + head] = (Mx);                 \
-    }                                                                                       \
-  } while (0)
   uint16_t *orow = a.out + t * a.out_stride_t + (int64_t)head * a.out_stride_h;
   const int64_t prow = (((int64_t)r * a.num_tokens + t) * a.num_heads + head) * 512;
-  const float f = MERGE_FINAL_F(M_, L_);
+  const float f = row_out_factor(a.sink, head, M_, L_, a.value_scale);
   if (live) {
 #pragma unroll 1
     for (int u = u0 + sub; u < u1; u += TPR) {
@@ -192,7 +181,7 @@ __device__ __forceinline__ void fwd_merge_in_kernel(const smla_cuda_fwd_args &a,
   }
   cluster_arrive_release(); /* this block's distributed reads are done */
   if (R == 1) {
-    MERGE_ROW_SCALARS(M_, L_);
+    if (k == 0 && sub == 0 && live) fwd_store_row_scalars(a, t, head, M_, L_);
   } else {
     const int64_t mrow = (((int64_t)k * R + r) * a.num_tokens + t) * a.num_heads + head;
     if (sub == 0 && live) {
@@ -238,7 +227,7 @@ __device__ __forceinline__ void fwd_merge_in_kernel(const smla_cuda_fwd_args &a,
           float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
           for (int q = 0; q < FWD_MERGE_MAX_R; q++) {
-            const float wq = Lq[q] != 0.0f ? expf(Mq[q] - Mf) : 0.0f;
+            const float wq = part_weight(Mq[q], Lq[q], Mf);
             Lf = fmaf(Lq[q], wq, Lf);
             if (q < R && wq != 0.0f) {
               acc.x = fmaf(v[q].x, wq, acc.x);
@@ -247,17 +236,16 @@ __device__ __forceinline__ void fwd_merge_in_kernel(const smla_cuda_fwd_args &a,
               acc.w = fmaf(v[q].w, wq, acc.w);
             }
           }
-          const float ff = MERGE_FINAL_F(Mf, Lf);
+          const float ff = row_out_factor(a.sink, head, Mf, Lf, a.value_scale);
           *(uint2 *)(orow + 4 * u) = make_uint2(pack_bf16x2(acc.x * ff, acc.y * ff),
                                                 pack_bf16x2(acc.z * ff, acc.w * ff));
-          if (u == u0 + sub) MERGE_ROW_SCALARS(Mf, Lf); /* sub 0 has a unit: u1 - u0 >= 16 */
+          if (k == 0 && sub == 0 && u == u0) /* sub 0 has a unit: u1 - u0 >= 16 */
+            fwd_store_row_scalars(a, t, head, Mf, Lf);
         }
       }
       if (tid == 0) *counter = 0; /* every count of this launch is in */
     }
   }
-#undef MERGE_FINAL_F
-#undef MERGE_ROW_SCALARS
   cluster_wait(); /* no block leaves while another may still read its shared memory */
 }
 #endif

@@ -154,15 +154,9 @@ __device__ __forceinline__ float w_cluster_factor(const smla_cuda_fwd_args &a, i
   float L = 0.0f;
 #pragma unroll
   for (int k = 0; k < 8; k++)
-    if (k < S && lk[k] != 0.0f) L += lk[k] * expf(mk[k] - M);
-  if (writer) {
-    if (a.lse) a.lse[t * a.lse_stride_t + head] = L == 0.0f ? NEG_INF : M + logf(L);
-    if (a.max_logit) a.max_logit[t * a.max_logit_stride_t + head] = M;
-  }
-  if (l_own == 0.0f) return 0.0f;
-  float den = L;
-  if (a.sink) den += expf(a.sink[head] - M);
-  return a.value_scale * expf(m_own - M) / den;
+    if (k < S) L += lk[k] * part_weight(mk[k], lk[k], M);
+  if (writer) fwd_store_row_scalars(a, t, head, M, L);
+  return part_weight(m_own, l_own, M) * row_out_factor(a.sink, head, M, L, a.value_scale);
 }
 
 /* Block `me` of the cluster sums its columns over the S splits (its own from the staged
