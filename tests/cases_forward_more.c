@@ -263,6 +263,25 @@ static void c_concurrency(t_case *tc) {
  * kernel for these (fwd_run then also runs the portable kernel). Each mixes what that
  * kernel must handle: random lengths (partial and empty last tiles), planted bad and -1
  * slots, K not a multiple of 64, Dr 0, softcap, sink, padded heads (N = 100), and splits. */
+/* A plan of these shapes on ctx, for the cases that check what it chose (its describe);
+ * NULL after a failed expectation. */
+static smla_plan *plan_for(t_case *tc, smla_context *ctx, int64_t T, int N, int K, int dr,
+                           smla_cache_format format, int splits, uint32_t flags) {
+  smla_plan_desc d;
+  memset(&d, 0, sizeof d);
+  d.max_tokens = T;
+  d.num_heads = N;
+  d.topk = K;
+  d.dr = dr;
+  d.format = format;
+  d.num_splits = splits;
+  d.flags = flags;
+  smla_plan *plan = NULL;
+  if (!t_expect_ok(tc, smla_plan_create(ctx, &d, NULL, 0, &plan), ctx, "smla_plan_create"))
+    return NULL;
+  return plan;
+}
+
 static void wide_flags(t_case *tc, int64_t T, int N, int K, int dr, float softcap, int sink,
                        int splits, uint32_t flags) {
   fwd_problem pb;
@@ -304,17 +323,8 @@ static void unsplit(t_case *tc, int N, int K, int dr, float softcap, int sink) {
   for (int b = 0; b < g_num_backends; b++) {
     smla_context *ctx = t_on(tc, b);
     if (!ctx || b == T_CPU) continue;
-    smla_plan_desc d;
-    memset(&d, 0, sizeof d);
-    d.max_tokens = 3;
-    d.num_heads = N;
-    d.topk = K;
-    d.dr = dr;
-    d.format = SMLA_CACHE_BF16;
-    d.num_splits = 1;
-    smla_plan *plan = NULL;
-    if (!t_expect_ok(tc, smla_plan_create(ctx, &d, NULL, 0, &plan), ctx, "smla_plan_create"))
-      continue;
+    smla_plan *plan = plan_for(tc, ctx, 3, N, K, dr, SMLA_CACHE_BF16, 1, 0);
+    if (!plan) continue;
     const char *desc = smla_plan_describe(plan);
     if (strncmp(desc, "cuda-sm90", 9) == 0) {
       const char *at = strstr(desc, "S behind PV from ");
@@ -344,18 +354,9 @@ static void c_wide_n128_merges(t_case *tc) {
       smla_context *ctx = t_on(tc, b);
       if (b == T_CPU) t_skip(tc, "the merges of KV splits; the CPU has no splits, its runs are the GPU's comparison");
       if (!ctx || b == T_CPU) continue;
-      smla_plan_desc d;
-      memset(&d, 0, sizeof d);
-      d.max_tokens = 4;
-      d.num_heads = 128;
-      d.topk = 1800;
-      d.dr = 64;
-      d.format = SMLA_CACHE_BF16;
-      d.num_splits = cfg[i].splits;
-      d.flags = cfg[i].flags;
-      smla_plan *plan = NULL;
-      if (!t_expect_ok(tc, smla_plan_create(ctx, &d, NULL, 0, &plan), ctx, "smla_plan_create"))
-        continue;
+      smla_plan *plan =
+          plan_for(tc, ctx, 4, 128, 1800, 64, SMLA_CACHE_BF16, cfg[i].splits, cfg[i].flags);
+      if (!plan) continue;
       const char *desc = smla_plan_describe(plan);
       if (strncmp(desc, "cuda-sm90", 9) == 0)
         t_expect(tc, (strstr(desc, "merged in-kernel") != NULL) == cfg[i].in_kernel,
@@ -403,18 +404,9 @@ static void generic_merges(t_case *tc, int N, int dr, smla_cache_format format, 
       smla_context *ctx = t_on(tc, b);
       if (b == T_CPU) t_skip(tc, "the merges of KV splits; the CPU has no splits, its runs are the GPU's comparison");
       if (!ctx || b == T_CPU) continue;
-      smla_plan_desc d;
-      memset(&d, 0, sizeof d);
-      d.max_tokens = T;
-      d.num_heads = N;
-      d.topk = K;
-      d.dr = dr;
-      d.format = format;
-      d.num_splits = cfg[i].splits;
-      d.flags = flags0 | cfg[i].flags;
-      smla_plan *plan = NULL;
-      if (!t_expect_ok(tc, smla_plan_create(ctx, &d, NULL, 0, &plan), ctx, "smla_plan_create"))
-        continue;
+      const uint32_t flags = flags0 | cfg[i].flags;
+      smla_plan *plan = plan_for(tc, ctx, T, N, K, dr, format, cfg[i].splits, flags);
+      if (!plan) continue;
       const char *desc = smla_plan_describe(plan);
       if (strncmp(desc, "cuda-generic", 12) == 0 && strstr(desc, "programmatic launch")) {
         char want[64] = "";
@@ -423,7 +415,7 @@ static void generic_merges(t_case *tc, int N, int dr, smla_cache_format format, 
                    cfg[i].splits / cfg[i].C, cfg[i].C);
         t_expect(tc, cfg[i].C ? strstr(desc, want) != NULL : strstr(desc, "merged in-kernel") == NULL,
                  "%d splits (flags 0x%x): the plan should %s: %s", cfg[i].splits,
-                 (unsigned)d.flags, cfg[i].C ? want : "use the combine kernel", desc);
+                 (unsigned)flags, cfg[i].C ? want : "use the combine kernel", desc);
       }
       smla_plan_destroy(plan);
     }
