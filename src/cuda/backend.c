@@ -505,6 +505,26 @@ static const char *format_name(smla_cache_format f) {
   return f == SMLA_CACHE_BF16 ? "bf16" : f == SMLA_CACHE_FP8_TENSOR ? "fp8-tensor" : "fp8-ds";
 }
 
+/* The plan's kernel on the current device: how many clusters of `cluster` blocks can be
+ * resident (0: none, or cluster < 2), and (generic kernel) *pdl, whether it may be a
+ * programmatic dependent. A failed query counts as "cannot" (and is cleared: it is not
+ * sticky, and later launch checks must not see it). */
+static int kernel_caps(const fwd_choice *c, int cluster, int *pdl) {
+  int n = 0;
+  cudaError_t e;
+  *pdl = 0;
+  if (c->sm90) e = smla_cuda_fwd90_cluster_capacity(c->cfg.dr, cluster, &n);
+  else switch (c->cfg.format) {
+  case SMLA_CACHE_BF16: e = smla_cuda_fwd_caps_bf16(&c->cfg, cluster, &n, pdl); break;
+  case SMLA_CACHE_FP8_TENSOR: e = smla_cuda_fwd_caps_fp8(&c->cfg, cluster, &n, pdl); break;
+  default: e = smla_cuda_fwd_caps_ds(&c->cfg, cluster, &n, pdl); break;
+  }
+  if (e == cudaSuccess) return n;
+  (void)cudaGetLastError();
+  *pdl = 0;
+  return 0;
+}
+
 /* The describe's words for s splits merged in the kernel in clusters of C. */
 static void merged_text(char *buf, size_t n, int sm90, int C, int s) {
   if (sm90)
@@ -576,38 +596,20 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
    * generic kernel is also launched as a programmatic dependent where its code has
    * griddepcontrol (sm_90 machine code). */
   memset(plan->merge_clusters, 0, sizeof plan->merge_clusters);
-  plan->forward_pdl = 0;
-  int merge_lo = 0, merge_hi = 0;
-  {
-    s = device_enter(ctx, fn, &prev);
-    if (s != SMLA_OK) return s;
-    for (int k = 1; k <= 8; k++) {
-      int n = 0, pdl = 0;
-      if (k == 1 && sm90) continue;
-      if (k >= 2 && (d->flags & SMLA_PLAN_SEPARATE_MERGE)) break;
-      cudaError_t qe = cudaSuccess;
-      if (sm90) qe = smla_cuda_fwd90_cluster_capacity(d->dr, k, &n);
-      else switch (d->format) {
-      case SMLA_CACHE_BF16: qe = smla_cuda_fwd_caps_bf16(&c.cfg, k, &n, &pdl); break;
-      case SMLA_CACHE_FP8_TENSOR: qe = smla_cuda_fwd_caps_fp8(&c.cfg, k, &n, &pdl); break;
-      default: qe = smla_cuda_fwd_caps_ds(&c.cfg, k, &n, &pdl); break;
-      }
-      if (qe != cudaSuccess) {
-        (void)cudaGetLastError(); /* not sticky: clear it for later launch checks */
-        n = pdl = 0;
-      }
-      if (k == 1) {
-        plan->forward_pdl = pdl && st->cc_major >= 9;
-        continue;
-      }
-      if (n > 0) {
-        plan->merge_clusters[k] = n;
-        if (!merge_lo) merge_lo = k;
-        merge_hi = k;
-      }
+  int merge_lo = 0, merge_hi = 0, pdl = 0;
+  s = device_enter(ctx, fn, &prev);
+  if (s != SMLA_OK) return s;
+  if (!sm90) (void)kernel_caps(&c, 1, &pdl);
+  plan->forward_pdl = pdl && st->cc_major >= 9;
+  for (int k = 2; k <= 8 && !(d->flags & SMLA_PLAN_SEPARATE_MERGE); k++) {
+    const int n = kernel_caps(&c, k, &pdl);
+    if (n > 0) {
+      plan->merge_clusters[k] = n;
+      if (!merge_lo) merge_lo = k;
+      merge_hi = k;
     }
-    device_leave(ctx, prev);
   }
+  device_leave(ctx, prev);
   char early[64] = "";
   if (sm90 && smla_cuda_fwd90_early_min_tiles() > 0)
     snprintf(early, sizeof early, ", S behind PV from %d tiles a split",

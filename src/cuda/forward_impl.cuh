@@ -698,6 +698,39 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
   fwd_count_bad(a, grp, bad);
 }
 
+/* Whether the in-kernel merge's staged O ([16 mt][SMLA_CUDA_FWD_OST_STRIDE] floats, over
+ * Q, the stages and P) fits below the variant's row-state arrays. */
+static bool fwd_merge_fits(const smla_cuda_fwd_layout &L, int mt) {
+  return (uint32_t)(16 * mt * SMLA_CUDA_FWD_OST_STRIDE * 4) <= L.red;
+}
+
+/* A launch of `blocks` blocks of the generic kernel: clusters of `cluster` blocks (0: no
+ * cluster attribute), a programmatic dependent when pdl. attr: room for 2 attributes. */
+static cudaLaunchConfig_t fwd_launch_config(unsigned blocks, uint32_t smem, int cluster,
+                                            int pdl, void *stream, cudaLaunchAttribute *attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks, 1, 1);
+  cfg.blockDim = dim3(FWD_THREADS, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = (cudaStream_t)stream;
+  unsigned n = 0;
+  if (cluster) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = (unsigned)cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    n++;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    n++;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  return cfg;
+}
+
 template <int FMT, int DR, int MT>
 static cudaError_t fwd_launch_t(const smla_cuda_fwd_config *c, const smla_cuda_fwd_args *a,
                                 void *stream) {
@@ -708,30 +741,11 @@ static cudaError_t fwd_launch_t(const smla_cuda_fwd_config *c, const smla_cuda_f
   const int C = a->cluster_merge;
   if (C && (C < 2 || C > 8 || a->num_splits % C != 0 ||
             a->num_splits / C > SMLA_CUDA_FWD_MERGE_MAX_R ||
-            (a->num_splits > C && !a->merge_counters) ||
-            (uint32_t)(16 * MT * SMLA_CUDA_FWD_OST_STRIDE * 4) > L.red))
+            (a->num_splits > C && !a->merge_counters) || !fwd_merge_fits(L, MT)))
     return cudaErrorInvalidValue;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)blocks, 1, 1);
-  cfg.blockDim = dim3(FWD_THREADS, 1, 1);
-  cfg.dynamicSmemBytes = L.total;
-  cfg.stream = (cudaStream_t)stream;
   cudaLaunchAttribute attr[2];
-  int n = 0;
-  if (C) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = (unsigned)C;
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    n++;
-  }
-  if (a->pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    n++;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = (unsigned)n;
+  const cudaLaunchConfig_t cfg =
+      fwd_launch_config((unsigned)blocks, L.total, C, a->pdl, stream, attr);
   return cudaLaunchKernelEx(&cfg, fwd_kernel<FMT, DR, MT>, *a, c->pipe);
 }
 
@@ -752,21 +766,11 @@ static cudaError_t fwd_caps_t(const smla_cuda_fwd_config *c, int cluster, int *c
    * device JIT-compiling the compute_80 PTX gets a kernel without them). */
   if (fa.ptxVersion < 90) return cudaSuccess;
   *pdl_ok = SMLA_FWD_PDL;
-  const smla_cuda_fwd_layout L0 = smla_cuda_fwd_layout_of(FMT, DR, MT, c->pipe);
-  if (cluster < 2 || (uint32_t)(16 * MT * SMLA_CUDA_FWD_OST_STRIDE * 4) > L0.red)
-    return cudaSuccess;
   const smla_cuda_fwd_layout L = smla_cuda_fwd_layout_of(FMT, DR, MT, c->pipe);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)cluster, 1, 1);
-  cfg.blockDim = dim3(FWD_THREADS, 1, 1);
-  cfg.dynamicSmemBytes = L.total;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = (unsigned)cluster;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  if (cluster < 2 || !fwd_merge_fits(L, MT)) return cudaSuccess;
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg =
+      fwd_launch_config((unsigned)cluster, L.total, cluster, 0, NULL, attr);
   return cudaOccupancyMaxActiveClusters(clusters, fwd_kernel<FMT, DR, MT>, &cfg);
 }
 

@@ -139,7 +139,8 @@ typedef struct smla_cuda_fwd_args {
   float logit_scale;           /* sm_scale, times cache.scale for FP8_TENSOR */
   float value_scale;           /* 1, or cache.scale for FP8_TENSOR */
   float softcap;               /* > 0: on */
-  const float *sink;           /* [N]; may be NULL; used only when num_splits == 1 */
+  const float *sink;           /* [N]; may be NULL; used where the kernel writes the final
+                                  row (one split, or merged in the kernel) */
   /* num_splits == 1: final outputs */
   uint16_t *out;               /* [T][N][512] bf16 */
   int64_t out_stride_t, out_stride_h;
