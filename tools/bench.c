@@ -1148,6 +1148,11 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
   return 0;
 }
 
+/* A probe build of the library (NVCC_EXTRA=-DSMLA_PROBE=1, src/cuda/probe.cuh) defines
+ * these; they print its kernels' phase stamps. Absent (NULL) in every other build. */
+extern void smla_probe_dump_fwd(void) __attribute__((weak));
+extern void smla_probe_dump_merge(void) __attribute__((weak));
+
 int tool_bench_main(int argc, char **argv, const char *command_line) {
   bench_opts o;
   if (bench_parse(argc, argv, &o)) {
@@ -1309,6 +1314,8 @@ int tool_bench_main(int argc, char **argv, const char *command_line) {
     printf("\nwrote %s\n", o.json);
   }
   rc = TOOL_EXIT_OK;
+  if (smla_probe_dump_fwd) smla_probe_dump_fwd();
+  if (smla_probe_dump_merge) smla_probe_dump_merge();
 done:
   tool_free(&d, m.flush);
   tool_free(&d, cache.data);

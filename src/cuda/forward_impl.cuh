@@ -41,6 +41,7 @@
 #define SMLA_CUDA_FORWARD_IMPL_CUH
 
 #include "forward_common.cuh"
+#include "probe.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -250,8 +251,16 @@ __device__ __forceinline__ void fwd_merge_in_kernel(const smla_cuda_fwd_args &a,
 }
 #endif
 
+/* SMLA_FWD_MT1_TWO_BLOCKS (experiment, default 0): the 16-head BF16 blocks take one KV
+ * stage and at most 128 registers, so that two blocks (two independent gather streams)
+ * share an SM; the gather microbenchmark gave 3.25 against 2.81 TB/s for two blocks an SM
+ * against one (H100, bench/RESULTS.md session 11 run 2). */
+#ifndef SMLA_FWD_MT1_TWO_BLOCKS
+#define SMLA_FWD_MT1_TWO_BLOCKS 0
+#endif
 template <int FMT, int DR, int MT>
-__global__ void __launch_bounds__(FWD_THREADS, 1)
+__global__ void __launch_bounds__(FWD_THREADS,
+                                  MT == 1 && FMT == FMT_BF16 && SMLA_FWD_MT1_TWO_BLOCKS ? 2 : 1)
     fwd_kernel(const __grid_constant__ smla_cuda_fwd_args a, const int pipe) {
   constexpr int BN = FWD_BN;
   constexpr int DQK = 512 + DR;
@@ -291,6 +300,8 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
   const int g = lane >> 2, tig = lane & 3, x7 = lane & 7;
   const int lr = tid >> 2, lp = tid & 3; /* loader: row of the tile, quarter of the row */
 
+  PROBE_DECL;
+  PROBE_STAMP(0);
 #if __CUDA_ARCH__ >= 900
   /* A programmatic dependent (a.pdl) may start while the stream's previous kernel still
    * runs: nothing global (inputs, outputs, workspace, counters) is touched before it has
@@ -300,6 +311,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
     griddep_launch_dependents();
   }
 #endif
+  PROBE_STAMP(1);
   const fwd_block blk = fwd_block_of(a);
   const int64_t t = blk.t;
   const int grp = blk.grp, split = blk.split, ks = blk.ks, kend = blk.kend;
@@ -394,6 +406,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
           cp_async_wait<0>();
         }
         __syncthreads();
+        if (j == 0) PROBE_STAMP(2);
       } else {
         if (pipe == 2)
           cp_async_wait<1>();
@@ -643,6 +656,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
     }
 #undef ISSUE_TILE
     cp_async_wait<0>();
+    PROBE_STAMP(3);
 
     /* Row sums: quad, then across the WN warps sharing a row. */
     if (s_warp) {
@@ -672,6 +686,8 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
   if (a.cluster_merge) {
     fwd_merge_in_kernel<MT, WN>(a, smem, L, O, t, grp, split, h0);
     fwd_count_bad(a, grp, bad);
+    PROBE_STAMP(4);
+    PROBE_PUT(1, a.num_splits);
     return;
   }
 #endif
@@ -696,6 +712,8 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
     }
 
   fwd_count_bad(a, grp, bad);
+  PROBE_STAMP(4);
+  PROBE_PUT(0, a.num_splits);
 }
 
 /* Whether the in-kernel merge's staged O ([16 mt][SMLA_CUDA_FWD_OST_STRIDE] floats, over

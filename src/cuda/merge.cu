@@ -11,6 +11,7 @@
  */
 #include "kernels.h"
 #include "numerics.h"
+#include "probe.cuh"
 #include "ptx.cuh"
 
 #include <cuda_bf16.h>
@@ -204,6 +205,8 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const smla_cuda_me
 
 __global__ void __launch_bounds__(MERGE3_WARPS * 32) merge3_kernel(const smla_cuda_merge_args a) {
   __shared__ float4 part_s[MERGE3_WARPS][32];
+  PROBE_DECL;
+  PROBE_STAMP(0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int chunks = (a.dv + MERGE3_COLS - 1) / MERGE3_COLS;
   const int64_t row = blockIdx.x / chunks;
@@ -294,6 +297,8 @@ __global__ void __launch_bounds__(MERGE3_WARPS * 32) merge3_kernel(const smla_cu
       }
     }
   }
+  PROBE_STAMP(4);
+  PROBE_PUT(3, a.num_partials);
 }
 
 /* ---- v4: the forward's combine of 2..8 dense float partials ---------------------------
@@ -316,11 +321,14 @@ __global__ void __launch_bounds__(MERGE3_WARPS * 32) merge3_kernel(const smla_cu
 template <int P>
 __global__ void __launch_bounds__(MERGE4_WARPS * 32) merge4_kernel(const smla_cuda_merge_args a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  PROBE_DECL;
+  PROBE_STAMP(0);
 #if __CUDA_ARCH__ >= 900
   /* A programmatic dependent (a.pdl) may start before the forward has finished: wait for
    * its completion and its writes (a no-op for a plain launch). */
   griddep_wait();
 #endif
+  PROBE_STAMP(1);
   const int64_t row = (int64_t)blockIdx.x * MERGE4_WARPS + warp;
   if (row >= a.num_tokens * a.num_heads) return;
   const int64_t t = row / a.num_heads;
@@ -390,6 +398,8 @@ __global__ void __launch_bounds__(MERGE4_WARPS * 32) merge4_kernel(const smla_cu
       a.max_logit[t * a.max_logit_stride_t + h] = m;
     }
   }
+  PROBE_STAMP(4);
+  PROBE_PUT(2, P);
 }
 
 static int aligned4(const void *p, int64_t elem_bytes, int64_t s0, int64_t s1, int64_t s2) {
@@ -456,3 +466,5 @@ extern "C" cudaError_t smla_cuda_merge_prepare(int *pdl_ok) {
   }
   return cudaSuccess;
 }
+
+PROBE_DEFINE_DUMP(smla_probe_dump_merge)

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""probe_chain.py: lines up the phase stamps of a probe build (src/cuda/probe.cuh).
+
+    build-probe/smla bench -N 16 -T 1 --timing amortized 2> probe.txt
+    python3 scripts/probe_chain.py probe.txt
+
+Each `probe kind block blocks extra t0..t5` line is thread 0 of the first or last block of
+one launch: kind 0 / 1 the generic forward (combine after it / merged in the kernel), 2 the
+merge4 combine, 3 merge3. Stamps (ns, %globaltimer): forward t0 entry, t1 after the
+dependency wait, t2 tile 0 landed, t3 tile loop done, t4 epilogue done; combine t0 entry,
+t1 after the dependency wait (merge4), t4 done. Prints the median of every phase and of the
+gaps along the step's chain: forward end -> combine start -> combine end -> next forward.
+"""
+import statistics
+import sys
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main():
+    ev = []
+    for line in open(sys.argv[1]):
+        f = line.split()
+        if len(f) != 11 or f[0] != "probe":
+            continue
+        kind, block, blocks, extra = map(int, f[1:5])
+        t = list(map(int, f[5:]))
+        ev.append((kind, block, blocks, extra, t))
+    if not ev:
+        sys.exit("no probe lines")
+    # Launches: events of one kind whose entries lie within 20 us of each other, in order
+    # of entry, at most two events (first and last block) a launch.
+    ev.sort(key=lambda e: e[4][0])
+    launches = []
+    for e in ev:
+        last = launches[-1] if launches else None
+        if (last and last["kind"] == e[0] and len(last["ev"]) < 2 and
+                e[4][0] - last["ev"][0][4][0] < 20000 and
+                all(x[1] != e[1] for x in last["ev"])):
+            last["ev"].append(e)
+        else:
+            launches.append({"kind": e[0], "ev": [e]})
+    for L in launches:
+        L["start"] = min(x[4][0] for x in L["ev"])
+        L["end"] = max(x[4][4] for x in L["ev"])
+    names = {0: "forward", 1: "forward+merge", 2: "merge4", 3: "merge3"}
+    print(f"{len(ev)} events, {len(launches)} launches")
+    for k in sorted({L["kind"] for L in launches}):
+        ls = [L for L in launches if L["kind"] == k]
+        es = [x for L in ls for x in L["ev"]]
+        span = [L["end"] - L["start"] for L in ls]
+        print(f"{names.get(k, k)}: {len(ls)} launches, span (first entry to last end) "
+              f"median {med(span) / 1e3:.2f} us")
+        if k in (0, 1):
+            for a, b, what in ((0, 1, "entry -> dependency met"), (1, 2, "-> tile 0 landed"),
+                               (2, 3, "-> tile loop done"), (3, 4, "-> epilogue done")):
+                print(f"  {what:26s} {med([x[4][b] - x[4][a] for x in es]) / 1e3:6.2f} us")
+        else:
+            print(f"  entry -> dependency met    {med([x[4][1] - x[4][0] for x in es if x[4][1]]) / 1e3:6.2f} us")
+            print(f"  -> done                    {med([x[4][4] - max(x[4][0], x[4][1]) for x in es]) / 1e3:6.2f} us")
+    # The chain: consecutive launches.
+    gaps = {}
+    for a, b in zip(launches, launches[1:]):
+        key = f"{names.get(a['kind'])} end -> {names.get(b['kind'])} entry"
+        gaps.setdefault(key, []).append(b["start"] - a["end"])
+    for key, xs in gaps.items():
+        print(f"{key:40s} median {med(xs) / 1e3:6.2f} us ({len(xs)})")
+    fw = [L["start"] for L in launches if L["kind"] in (0, 1)]
+    per = [b - a for a, b in zip(fw, fw[1:]) if b - a < 200000]
+    print(f"forward entry to next forward entry: median {med(per) / 1e3:.2f} us ({len(per)})")
+
+
+if __name__ == "__main__":
+    main()
