@@ -7,8 +7,9 @@
 Each `probe kind block blocks extra t0..t5` line is thread 0 of the first or last block of
 one launch: kind 0 / 1 the generic forward (combine after it / merged in the kernel), 2 the
 merge4 combine, 3 merge3. Stamps (ns, %globaltimer): forward t0 entry, t1 after the
-dependency wait, t2 tile 0 landed, t3 tile loop done, t4 epilogue done; combine t0 entry,
-t1 after the dependency wait (merge4), t4 done. Prints the median of every phase and of the
+dependency wait, t2 tile 0's gathers issued (thread 0's slot arrived; BF16 only), t3 tile
+0 landed, t4 tile loop done, t5 row sums exchanged, t6 epilogue's stores issued; combine
+t0 entry, t1 after the dependency wait, t6 done. Prints the median of every phase and of the
 gaps along the step's chain: forward end -> combine start -> combine end -> next forward.
 """
 import statistics
@@ -23,7 +24,7 @@ def main():
     ev = []
     for line in open(sys.argv[1]):
         f = line.split()
-        if len(f) != 11 or f[0] != "probe":
+        if len(f) != 12 or f[0] != "probe":
             continue
         kind, block, blocks, extra = map(int, f[1:5])
         t = list(map(int, f[5:]))
@@ -44,7 +45,7 @@ def main():
             launches.append({"kind": e[0], "ev": [e]})
     for L in launches:
         L["start"] = min(x[4][0] for x in L["ev"])
-        L["end"] = max(x[4][4] for x in L["ev"])
+        L["end"] = max(x[4][6] for x in L["ev"])
     names = {0: "forward", 1: "forward+merge", 2: "merge4", 3: "merge3"}
     print(f"{len(ev)} events, {len(launches)} launches")
     for k in sorted({L["kind"] for L in launches}):
@@ -54,12 +55,15 @@ def main():
         print(f"{names.get(k, k)}: {len(ls)} launches, span (first entry to last end) "
               f"median {med(span) / 1e3:.2f} us")
         if k in (0, 1):
-            for a, b, what in ((0, 1, "entry -> dependency met"), (1, 2, "-> tile 0 landed"),
-                               (2, 3, "-> tile loop done"), (3, 4, "-> epilogue done")):
+            for a, b, what in ((0, 1, "entry -> dependency met"), (1, 2, "-> tile 0 issued"),
+                               (2, 3, "-> tile 0 landed"), (3, 4, "-> tile loop done"),
+                               (4, 5, "-> row sums exchanged"), (5, 6, "-> epilogue done")):
+                if a == 1 and not all(x[4][2] for x in es):
+                    continue
                 print(f"  {what:26s} {med([x[4][b] - x[4][a] for x in es]) / 1e3:6.2f} us")
         else:
             print(f"  entry -> dependency met    {med([x[4][1] - x[4][0] for x in es if x[4][1]]) / 1e3:6.2f} us")
-            print(f"  -> done                    {med([x[4][4] - max(x[4][0], x[4][1]) for x in es]) / 1e3:6.2f} us")
+            print(f"  -> done                    {med([x[4][6] - max(x[4][0], x[4][1]) for x in es]) / 1e3:6.2f} us")
     # The chain: consecutive launches.
     gaps = {}
     for a, b in zip(launches, launches[1:]):

@@ -275,6 +275,10 @@ __global__ void __launch_bounds__(FWD_THREADS,
 #ifndef SMLA_FWD_S4
 #define SMLA_FWD_S4 0
 #endif
+#ifndef SMLA_FWD_S_CHAINS /* 1: one chain of S mma a warp at 16 heads (the A/B) */
+#define SMLA_FWD_S_CHAINS 2
+#endif
+  constexpr int S_CHAINS = SMLA_FWD_S_CHAINS;
   constexpr int S_WARPS = SMLA_FWD_S4 && MT == 4 ? 4 : 8;
   constexpr int SMT = SMLA_FWD_S4 && MT == 4 ? 2 : 1; /* m16 tiles per S warp */
   constexpr int WM = MT / SMT;           /* S warps along the heads */
@@ -380,6 +384,7 @@ __global__ void __launch_bounds__(FWD_THREADS,
     if (FMT == FMT_BF16) {
       ISSUE_TILE(0, kv_s + (uint32_t)(lr * ROWB));
       cp_async_commit();
+      PROBE_STAMP(2); /* (thread 0's slot of tile 0 has arrived) */
     } else if (pipe >= 1) {
       ISSUE_TILE(0, sbase + L.raw + (uint32_t)(lr * RAW_ROW));
       cp_async_commit();
@@ -406,7 +411,7 @@ __global__ void __launch_bounds__(FWD_THREADS,
           cp_async_wait<0>();
         }
         __syncthreads();
-        if (j == 0) PROBE_STAMP(2);
+        if (j == 0) PROBE_STAMP(3);
       } else {
         if (pipe == 2)
           cp_async_wait<1>();
@@ -476,13 +481,18 @@ __global__ void __launch_bounds__(FWD_THREADS,
        * each entry's group scale (float, as the CPU's e4m3 * scale: exact for any scale,
        * where scaling the e4m3 values into bf16 would round them); other formats and the
        * rope part sum straight through pacc. */
-      float sacc[SMT][NTS][4], pacc[SMT][NTS][4];
+      /* With one n8 tile a warp (16 heads), the odd k-steps sum into paccb: two chains of
+       * dependent mma instead of one of DQK / 16 (S_CHAINS = 1 for the A/B). */
+      float sacc[SMT][NTS][4], pacc[SMT][NTS][4], paccb[SMT][4];
 #pragma unroll
-      for (int mi = 0; mi < SMT; mi++)
+      for (int mi = 0; mi < SMT; mi++) {
 #pragma unroll
         for (int nt = 0; nt < NTS; nt++)
 #pragma unroll
           for (int i = 0; i < 4; i++) sacc[mi][nt][i] = pacc[mi][nt][i] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) paccb[mi][i] = 0.0f;
+      }
       const uint8_t *mk = mask_s + (j & 3) * BN;
       float tmax[SMT][2];
       if (s_warp) {
@@ -495,8 +505,12 @@ __global__ void __launch_bounds__(FWD_THREADS,
     if (NTS == 1) {                                                                         \
       uint32_t bf[2];                                                                       \
       ldmatrix_x2(bf, kvb + (uint32_t)(b_n0 * ROWB + (((2 * (kk) + b_hi) ^ x7) << 4)));     \
-      _Pragma("unroll") for (int mi = 0; mi < SMT; mi++)                                    \
+      _Pragma("unroll") for (int mi = 0; mi < SMT; mi++) {                                  \
+        if (S_CHAINS == 2 && ((kk) & 1))                                                    \
+          mma_bf16_16816(paccb[mi], af[mi], bf[0], bf[1]);                                  \
+        else                                                                                \
           mma_bf16_16816(pacc[mi][0], af[mi], bf[0], bf[1]);                                \
+      }                                                                                     \
     } else {                                                                                \
       _Pragma("unroll") for (int np = 0; np < NTS / 2; np++) {                              \
         uint32_t bf[4];                                                                     \
@@ -512,6 +526,12 @@ __global__ void __launch_bounds__(FWD_THREADS,
         /* sacc += pacc * the entries' scale (gi >= 0: group gi's; -1: none), pacc = 0. */
 #define S_FOLD(gi)                                                                          \
   do {                                                                                      \
+    if (NTS == 1 && S_CHAINS == 2)                                                          \
+      _Pragma("unroll") for (int mi = 0; mi < SMT; mi++)                                    \
+      _Pragma("unroll") for (int i = 0; i < 4; i++) {                                       \
+        pacc[mi][0][i] += paccb[mi][i];                                                     \
+        paccb[mi][i] = 0.0f;                                                                \
+      }                                                                                     \
     _Pragma("unroll") for (int nt = 0; nt < NTS; nt++)                                      \
     _Pragma("unroll") for (int e = 0; e < 2; e++) {                                         \
       const int col_ = wn * 8 * NTS + nt * 8 + 2 * tig + e;                                 \
@@ -656,7 +676,7 @@ __global__ void __launch_bounds__(FWD_THREADS,
     }
 #undef ISSUE_TILE
     cp_async_wait<0>();
-    PROBE_STAMP(3);
+    PROBE_STAMP(4);
 
     /* Row sums: quad, then across the WN warps sharing a row. */
     if (s_warp) {
@@ -680,13 +700,14 @@ __global__ void __launch_bounds__(FWD_THREADS,
     for (int i = tid; i < M; i += FWD_THREADS) rowmax_s[i] = NEG_INF;
   }
   __syncthreads();
+  PROBE_STAMP(5);
 
   /* ---- epilogue: merged in the kernel, final (num_splits == 1) or partial state ---- */
 #if __CUDA_ARCH__ >= 900
   if (a.cluster_merge) {
     fwd_merge_in_kernel<MT, WN>(a, smem, L, O, t, grp, split, h0);
     fwd_count_bad(a, grp, bad);
-    PROBE_STAMP(4);
+    PROBE_STAMP(6);
     PROBE_PUT(1, a.num_splits);
     return;
   }
@@ -712,7 +733,7 @@ __global__ void __launch_bounds__(FWD_THREADS,
     }
 
   fwd_count_bad(a, grp, bad);
-  PROBE_STAMP(4);
+  PROBE_STAMP(6);
   PROBE_PUT(0, a.num_splits);
 }
 

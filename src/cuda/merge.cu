@@ -17,6 +17,14 @@
 #include <cuda_bf16.h>
 #include <math.h>
 
+/* Every combine kernel waits for the forward's writes (griddepcontrol.wait) and then lets
+ * the next kernel, if it waits alike, be scheduled (launch_dependents), so each may be a
+ * programmatic dependent of the forward and have one of its own.
+ * SMLA_COMBINE_PDL=0 (A/B build): plain launches, no early trigger. */
+#ifndef SMLA_COMBINE_PDL /* 0: every combine kernel is a plain launch (A/B build) */
+#define SMLA_COMBINE_PDL 1
+#endif
+
 #define MERGE_THREADS 128 /* one block per (t, h); 4 values per thread covers dv = 512 */
 #define MERGE_CHUNK 128   /* partials whose weights are staged in shared memory at once */
 #define MERGE_UNROLL 8    /* partial rows loaded before the first is used */
@@ -78,6 +86,10 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const smla_cuda_me
   __shared__ float w_s[MERGE_CHUNK];
   __shared__ int idx_s[MERGE_CHUNK];
   __shared__ float lse_s, factor_s;
+#if __CUDA_ARCH__ >= 900
+  griddep_wait(); /* a programmatic dependent: the forward's writes first (else a no-op) */
+  if (SMLA_COMBINE_PDL) griddep_launch_dependents(); /* the next kernel may be scheduled */
+#endif
   __shared__ int valid_s;
   const int tid = threadIdx.x, lane = tid & 31;
   const int64_t row = blockIdx.x;
@@ -207,6 +219,11 @@ __global__ void __launch_bounds__(MERGE3_WARPS * 32) merge3_kernel(const smla_cu
   __shared__ float4 part_s[MERGE3_WARPS][32];
   PROBE_DECL;
   PROBE_STAMP(0);
+#if __CUDA_ARCH__ >= 900
+  griddep_wait(); /* a programmatic dependent: the forward's writes first (else a no-op) */
+  if (SMLA_COMBINE_PDL) griddep_launch_dependents(); /* the next kernel may be scheduled */
+#endif
+  PROBE_STAMP(1);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int chunks = (a.dv + MERGE3_COLS - 1) / MERGE3_COLS;
   const int64_t row = blockIdx.x / chunks;
@@ -297,7 +314,7 @@ __global__ void __launch_bounds__(MERGE3_WARPS * 32) merge3_kernel(const smla_cu
       }
     }
   }
-  PROBE_STAMP(4);
+  PROBE_STAMP(6);
   PROBE_PUT(3, a.num_partials);
 }
 
@@ -311,9 +328,6 @@ __global__ void __launch_bounds__(MERGE3_WARPS * 32) merge3_kernel(const smla_cu
  * NaN and -inf rules). Picked by P alone (not T), so a batch-invariant plan keeps it;
  * for P > 8 such a plan gets v1 at every T (a.fixed_order: v3 sums in another order). */
 #define MERGE4_WARPS 4
-#ifndef SMLA_COMBINE_PDL /* 0: the combine after the sm90 forward is a plain launch (A/B) */
-#define SMLA_COMBINE_PDL 1
-#endif
 #ifndef SMLA_MERGE_CARVEOUT /* 0: no carveout preference for the merge kernels (A/B) */
 #define SMLA_MERGE_CARVEOUT 1
 #endif
@@ -327,6 +341,7 @@ __global__ void __launch_bounds__(MERGE4_WARPS * 32) merge4_kernel(const smla_cu
   /* A programmatic dependent (a.pdl) may start before the forward has finished: wait for
    * its completion and its writes (a no-op for a plain launch). */
   griddep_wait();
+  if (SMLA_COMBINE_PDL) griddep_launch_dependents(); /* the next kernel may be scheduled */
 #endif
   PROBE_STAMP(1);
   const int64_t row = (int64_t)blockIdx.x * MERGE4_WARPS + warp;
@@ -398,7 +413,7 @@ __global__ void __launch_bounds__(MERGE4_WARPS * 32) merge4_kernel(const smla_cu
       a.max_logit[t * a.max_logit_stride_t + h] = m;
     }
   }
-  PROBE_STAMP(4);
+  PROBE_STAMP(6);
   PROBE_PUT(2, P);
 }
 
@@ -406,6 +421,23 @@ static int aligned4(const void *p, int64_t elem_bytes, int64_t s0, int64_t s1, i
   const int64_t q = 4 * elem_bytes;
   return ((uintptr_t)p % (uintptr_t)q) == 0 && (s0 * elem_bytes) % q == 0 &&
          (s1 * elem_bytes) % q == 0 && (s2 * elem_bytes) % q == 0;
+}
+
+/* A combine launch; a programmatic dependent of the forward where a->pdl (its launch
+ * then overlaps the forward's blocks). */
+static cudaError_t merge_launch(const void *kernel, int64_t blocks, int threads,
+                                const smla_cuda_merge_args *a, void *stream) {
+  cudaLaunchConfig_t c = {};
+  c.gridDim = dim3((unsigned)blocks, 1, 1);
+  c.blockDim = dim3((unsigned)threads, 1, 1);
+  c.stream = (cudaStream_t)stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  c.attrs = &attr;
+  c.numAttrs = SMLA_COMBINE_PDL && a->pdl ? 1 : 0;
+  void *args[1] = {(void *)a};
+  return cudaLaunchKernelExC(&c, kernel, args);
 }
 
 extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stream) {
@@ -424,26 +456,14 @@ extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stre
         (const void *)merge4_kernel<4>, (const void *)merge4_kernel<5>,
         (const void *)merge4_kernel<6>, (const void *)merge4_kernel<7>,
         (const void *)merge4_kernel<8>};
-    cudaLaunchConfig_t c = {};
-    c.gridDim = dim3((unsigned)((blocks + MERGE4_WARPS - 1) / MERGE4_WARPS), 1, 1);
-    c.blockDim = dim3(MERGE4_WARPS * 32, 1, 1);
-    c.stream = (cudaStream_t)stream;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    c.attrs = &attr;
-    c.numAttrs = SMLA_COMBINE_PDL && a->pdl ? 1 : 0;
-    void *args[1] = {(void *)a};
-    return cudaLaunchKernelExC(&c, k4[P - 2], args);
+    return merge_launch(k4[P - 2], (blocks + MERGE4_WARPS - 1) / MERGE4_WARPS,
+                        MERGE4_WARPS * 32, a, stream);
   }
   /* v3 where v1 has too few blocks to hide its dependent rounds (see merge3_kernel). */
   if (vec && a->num_partials >= 8 && blocks <= MERGE3_MAX_ROWS && !a->fixed_order && !a->sinked)
-    merge3_kernel<<<(unsigned)blocks3, MERGE3_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
-  else if (vec)
-    merge_kernel<1><<<(unsigned)blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
-  else
-    merge_kernel<0><<<(unsigned)blocks, MERGE_THREADS, 0, (cudaStream_t)stream>>>(*a);
-  return cudaGetLastError();
+    return merge_launch((const void *)merge3_kernel, blocks3, MERGE3_WARPS * 32, a, stream);
+  if (vec) return merge_launch((const void *)merge_kernel<1>, blocks, MERGE_THREADS, a, stream);
+  return merge_launch((const void *)merge_kernel<0>, blocks, MERGE_THREADS, a, stream);
 }
 
 extern "C" cudaError_t smla_cuda_merge_prepare(int *pdl_ok) {
