@@ -7,8 +7,8 @@
 # AB_TEST_BASE=1), times the shapes of AB_BENCH (default: N = 64, 128 at T = 16, 64, 1024,
 # 4096; both timings) with the builds interleaved twice (the spread between a build's two
 # runs is the noise a difference is held against), then runs compute-sanitizer
-# (AB_SAN_TOOLS, default racecheck synccheck memcheck) over each experiment's cases of
-# AB_SAN_FILTER (empty: no sanitizer). Logs: $OUT/ab.tgz. Prints a summary table last.
+# (AB_SAN_TOOLS, default racecheck synccheck memcheck) over each experiment's (or
+# AB_SAN_BUILDS's) cases of AB_SAN_FILTER (empty: no sanitizer). Logs: $OUT/ab.tgz. Prints a summary table last.
 set -u
 O=${OUT:-.out}
 mkdir -p "$O"
@@ -50,7 +50,7 @@ done
 stamp "benches done"
 san_filter=${AB_SAN_FILTER-wide,forward_N_64,forward_N_96,forward_T_64,forward_sink,indices_n128,indices_n64,forward_K_2048,forward_nan}
 if [ -n "$san_filter" ]; then
-  for b in $builds; do
+  for b in ${AB_SAN_BUILDS:-$builds}; do
     [ $b = build ] && continue
     mkdir -p "$L/san_$b"
     SANITIZER_TOOLS="${AB_SAN_TOOLS:-racecheck synccheck memcheck}" SANITIZER_PARALLEL=1 \

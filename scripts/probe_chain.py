@@ -6,10 +6,12 @@
 
 Each `probe kind block blocks extra t0..t5` line is thread 0 of the first or last block of
 one launch: kind 0 / 1 the generic forward (combine after it / merged in the kernel), 2 the
-merge4 combine, 3 merge3. Stamps (ns, %globaltimer): forward t0 entry, t1 after the
+merge4 combine, 3 merge3, 10 the sm90 forward. Stamps (ns, %globaltimer): forward t0 entry, t1 after the
 dependency wait, t2 tile 0's gathers issued (thread 0's slot arrived; BF16 only), t3 tile
 0 landed, t4 tile loop done, t5 row sums exchanged, t6 epilogue's stores issued; combine
-t0 entry, t1 after the dependency wait, t6 done. Prints the median of every phase and of the
+t0 entry, t1 after the dependency wait, t6 done; sm90 forward t0 entry, t1 tile 0 landed,
+t2 tile loop done, t3..t6 per-tile phases summed over the block's tiles (softmax to the
+row-max rendezvous, to the P rendezvous, PV issued and waited for, the rest), t7 done. Prints the median of every phase and of the
 gaps along the step's chain: forward end -> combine start -> combine end -> next forward.
 """
 import statistics
@@ -24,7 +26,7 @@ def main():
     ev = []
     for line in open(sys.argv[1]):
         f = line.split()
-        if len(f) != 12 or f[0] != "probe":
+        if len(f) != 13 or f[0] != "probe":
             continue
         kind, block, blocks, extra = map(int, f[1:5])
         t = list(map(int, f[5:]))
@@ -45,8 +47,8 @@ def main():
             launches.append({"kind": e[0], "ev": [e]})
     for L in launches:
         L["start"] = min(x[4][0] for x in L["ev"])
-        L["end"] = max(x[4][6] for x in L["ev"])
-    names = {0: "forward", 1: "forward+merge", 2: "merge4", 3: "merge3"}
+        L["end"] = max(x[4][7 if L["kind"] == 10 else 6] for x in L["ev"])
+    names = {0: "forward", 1: "forward+merge", 2: "merge4", 3: "merge3", 10: "sm90 forward"}
     print(f"{len(ev)} events, {len(launches)} launches")
     for k in sorted({L["kind"] for L in launches}):
         ls = [L for L in launches if L["kind"] == k]
@@ -54,7 +56,17 @@ def main():
         span = [L["end"] - L["start"] for L in ls]
         print(f"{names.get(k, k)}: {len(ls)} launches, span (first entry to last end) "
               f"median {med(span) / 1e3:.2f} us")
-        if k in (0, 1):
+        if k == 10:
+            tiles = med([x[3] for x in es])
+            print(f"  tiles a block (median) {tiles}")
+            for a, b, what in ((0, 1, "entry -> tile 0 landed"), (1, 2, "-> tile loop done"),
+                               (2, 7, "-> epilogue done")):
+                print(f"  {what:26s} {med([x[4][b] - x[4][a] for x in es]) / 1e3:6.2f} us")
+            for i, what in enumerate(("softmax -> row-max rendezvous", "-> P rendezvous",
+                                      "PV issued, waited", "rest (full wait, S)")):
+                per = med([x[4][3 + i] / max(x[3], 1) for x in es])
+                print(f"  per tile: {what:30s} {per / 1e3:6.3f} us")
+        elif k in (0, 1):
             for a, b, what in ((0, 1, "entry -> dependency met"), (1, 2, "-> tile 0 issued"),
                                (2, 3, "-> tile 0 landed"), (3, 4, "-> tile loop done"),
                                (4, 5, "-> row sums exchanged"), (5, 6, "-> epilogue done")):

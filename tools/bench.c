@@ -1152,6 +1152,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
  * these; they print its kernels' phase stamps. Absent (NULL) in every other build. */
 extern void smla_probe_dump_fwd(void) __attribute__((weak));
 extern void smla_probe_dump_merge(void) __attribute__((weak));
+extern void smla_probe_dump_fwd90(void) __attribute__((weak));
 
 int tool_bench_main(int argc, char **argv, const char *command_line) {
   bench_opts o;
@@ -1316,6 +1317,7 @@ int tool_bench_main(int argc, char **argv, const char *command_line) {
   rc = TOOL_EXIT_OK;
   if (smla_probe_dump_fwd) smla_probe_dump_fwd();
   if (smla_probe_dump_merge) smla_probe_dump_merge();
+  if (smla_probe_dump_fwd90) smla_probe_dump_fwd90();
 done:
   tool_free(&d, m.flush);
   tool_free(&d, cache.data);

@@ -159,11 +159,13 @@ __device__ __forceinline__ float row_out_factor(const float *sink, int head, flo
   return value_scale / den;
 }
 
-/* A final row's lse and max_logit, where the caller asked for them. */
+/* A final row's lse and max_logit, where the caller asked for them. M is the max the
+ * row's L is relative to; top the row's largest logit (the same value, unless a kernel
+ * let its M lag behind the running max: the sm90 kernel's lazy rescale). */
 __device__ __forceinline__ void fwd_store_row_scalars(const smla_cuda_fwd_args &a, int64_t t,
-                                                      int head, float M, float L) {
+                                                      int head, float M, float L, float top) {
   if (a.lse) a.lse[t * a.lse_stride_t + head] = row_lse(M, L);
-  if (a.max_logit) a.max_logit[t * a.max_logit_stride_t + head] = M;
+  if (a.max_logit) a.max_logit[t * a.max_logit_stride_t + head] = top;
 }
 
 /* One (t, head) row's epilogue, from its sum of weights l and max m: with one split, the
@@ -180,19 +182,19 @@ struct fwd_row_out {
 
 __device__ __forceinline__ fwd_row_out fwd_row_epilogue(const smla_cuda_fwd_args &a, int64_t t,
                                                         int split, int head, float l, float m,
-                                                        bool writer) {
+                                                        float top, bool writer) {
   fwd_row_out r = {NULL, NULL, 0.0f};
   if (a.num_splits == 1) {
     r.f = row_out_factor(a.sink, head, m, l, a.value_scale);
     r.out = a.out + t * a.out_stride_t + (int64_t)head * a.out_stride_h;
-    if (writer) fwd_store_row_scalars(a, t, head, m, l);
+    if (writer) fwd_store_row_scalars(a, t, head, m, l, top);
   } else {
     const int64_t prow = ((int64_t)split * a.num_tokens + t) * a.num_heads + head;
     r.f = row_out_factor(NULL, head, m, l, a.value_scale); /* the combine adds the sink */
     r.part = a.part_out + prow * 512; /* zeros when l == 0: the combine reads every row */
     if (writer) {
       a.part_lse[prow] = row_lse(m, l);
-      a.part_max[prow] = m;
+      a.part_max[prow] = top; /* the combine's max_logit */
     }
   }
   return r;

@@ -182,7 +182,7 @@ __device__ __forceinline__ void fwd_merge_in_kernel(const smla_cuda_fwd_args &a,
   }
   cluster_arrive_release(); /* this block's distributed reads are done */
   if (R == 1) {
-    if (k == 0 && sub == 0 && live) fwd_store_row_scalars(a, t, head, M_, L_);
+    if (k == 0 && sub == 0 && live) fwd_store_row_scalars(a, t, head, M_, L_, M_);
   } else {
     const int64_t mrow = (((int64_t)k * R + r) * a.num_tokens + t) * a.num_heads + head;
     if (sub == 0 && live) {
@@ -241,7 +241,7 @@ __device__ __forceinline__ void fwd_merge_in_kernel(const smla_cuda_fwd_args &a,
           *(uint2 *)(orow + 4 * u) = make_uint2(pack_bf16x2(acc.x * ff, acc.y * ff),
                                                 pack_bf16x2(acc.z * ff, acc.w * ff));
           if (k == 0 && sub == 0 && u == u0) /* sub 0 has a unit: u1 - u0 >= 16 */
-            fwd_store_row_scalars(a, t, head, Mf, Lf);
+            fwd_store_row_scalars(a, t, head, Mf, Lf, Mf);
         }
       }
       if (tid == 0) *counter = 0; /* every count of this launch is in */
@@ -275,10 +275,6 @@ __global__ void __launch_bounds__(FWD_THREADS,
 #ifndef SMLA_FWD_S4
 #define SMLA_FWD_S4 0
 #endif
-#ifndef SMLA_FWD_S_CHAINS /* 1: one chain of S mma a warp at 16 heads (the A/B) */
-#define SMLA_FWD_S_CHAINS 2
-#endif
-  constexpr int S_CHAINS = SMLA_FWD_S_CHAINS;
   constexpr int S_WARPS = SMLA_FWD_S4 && MT == 4 ? 4 : 8;
   constexpr int SMT = SMLA_FWD_S4 && MT == 4 ? 2 : 1; /* m16 tiles per S warp */
   constexpr int WM = MT / SMT;           /* S warps along the heads */
@@ -481,18 +477,13 @@ __global__ void __launch_bounds__(FWD_THREADS,
        * each entry's group scale (float, as the CPU's e4m3 * scale: exact for any scale,
        * where scaling the e4m3 values into bf16 would round them); other formats and the
        * rope part sum straight through pacc. */
-      /* With one n8 tile a warp (16 heads), the odd k-steps sum into paccb: two chains of
-       * dependent mma instead of one of DQK / 16 (S_CHAINS = 1 for the A/B). */
-      float sacc[SMT][NTS][4], pacc[SMT][NTS][4], paccb[SMT][4];
+      float sacc[SMT][NTS][4], pacc[SMT][NTS][4];
 #pragma unroll
-      for (int mi = 0; mi < SMT; mi++) {
+      for (int mi = 0; mi < SMT; mi++)
 #pragma unroll
         for (int nt = 0; nt < NTS; nt++)
 #pragma unroll
           for (int i = 0; i < 4; i++) sacc[mi][nt][i] = pacc[mi][nt][i] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) paccb[mi][i] = 0.0f;
-      }
       const uint8_t *mk = mask_s + (j & 3) * BN;
       float tmax[SMT][2];
       if (s_warp) {
@@ -505,12 +496,8 @@ __global__ void __launch_bounds__(FWD_THREADS,
     if (NTS == 1) {                                                                         \
       uint32_t bf[2];                                                                       \
       ldmatrix_x2(bf, kvb + (uint32_t)(b_n0 * ROWB + (((2 * (kk) + b_hi) ^ x7) << 4)));     \
-      _Pragma("unroll") for (int mi = 0; mi < SMT; mi++) {                                  \
-        if (S_CHAINS == 2 && ((kk) & 1))                                                    \
-          mma_bf16_16816(paccb[mi], af[mi], bf[0], bf[1]);                                  \
-        else                                                                                \
+      _Pragma("unroll") for (int mi = 0; mi < SMT; mi++)                                    \
           mma_bf16_16816(pacc[mi][0], af[mi], bf[0], bf[1]);                                \
-      }                                                                                     \
     } else {                                                                                \
       _Pragma("unroll") for (int np = 0; np < NTS / 2; np++) {                              \
         uint32_t bf[4];                                                                     \
@@ -526,12 +513,6 @@ __global__ void __launch_bounds__(FWD_THREADS,
         /* sacc += pacc * the entries' scale (gi >= 0: group gi's; -1: none), pacc = 0. */
 #define S_FOLD(gi)                                                                          \
   do {                                                                                      \
-    if (NTS == 1 && S_CHAINS == 2)                                                          \
-      _Pragma("unroll") for (int mi = 0; mi < SMT; mi++)                                    \
-      _Pragma("unroll") for (int i = 0; i < 4; i++) {                                       \
-        pacc[mi][0][i] += paccb[mi][i];                                                     \
-        paccb[mi][i] = 0.0f;                                                                \
-      }                                                                                     \
     _Pragma("unroll") for (int nt = 0; nt < NTS; nt++)                                      \
     _Pragma("unroll") for (int e = 0; e < 2; e++) {                                         \
       const int col_ = wn * 8 * NTS + nt * 8 + 2 * tig + e;                                 \
@@ -722,7 +703,8 @@ __global__ void __launch_bounds__(FWD_THREADS,
 #pragma unroll
       for (int w = 0; w < WN; w++) l += red[w * M + row];
       const fwd_row_out r =
-          fwd_row_epilogue(a, t, split, head, l, rowmax_s[row], warp == 0 && tig == 0);
+          fwd_row_epilogue(a, t, split, head, l, rowmax_s[row], rowmax_s[row],
+                           warp == 0 && tig == 0);
       const int col = warp * 64 + 2 * tig;
 #pragma unroll
       for (int nt = 0; nt < 8; nt++) {

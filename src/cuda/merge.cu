@@ -423,10 +423,10 @@ static int aligned4(const void *p, int64_t elem_bytes, int64_t s0, int64_t s1, i
          (s1 * elem_bytes) % q == 0 && (s2 * elem_bytes) % q == 0;
 }
 
-/* A combine launch; a programmatic dependent of the forward where a->pdl (its launch
- * then overlaps the forward's blocks). */
+/* A combine launch; a programmatic dependent of the forward where pdl (its launch then
+ * overlaps the forward's blocks). */
 static cudaError_t merge_launch(const void *kernel, int64_t blocks, int threads,
-                                const smla_cuda_merge_args *a, void *stream) {
+                                const smla_cuda_merge_args *a, int pdl, void *stream) {
   cudaLaunchConfig_t c = {};
   c.gridDim = dim3((unsigned)blocks, 1, 1);
   c.blockDim = dim3((unsigned)threads, 1, 1);
@@ -435,7 +435,7 @@ static cudaError_t merge_launch(const void *kernel, int64_t blocks, int threads,
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   c.attrs = &attr;
-  c.numAttrs = SMLA_COMBINE_PDL && a->pdl ? 1 : 0;
+  c.numAttrs = SMLA_COMBINE_PDL && pdl ? 1 : 0;
   void *args[1] = {(void *)a};
   return cudaLaunchKernelExC(&c, kernel, args);
 }
@@ -457,13 +457,18 @@ extern "C" cudaError_t smla_cuda_merge(const smla_cuda_merge_args *a, void *stre
         (const void *)merge4_kernel<6>, (const void *)merge4_kernel<7>,
         (const void *)merge4_kernel<8>};
     return merge_launch(k4[P - 2], (blocks + MERGE4_WARPS - 1) / MERGE4_WARPS,
-                        MERGE4_WARPS * 32, a, stream);
+                        MERGE4_WARPS * 32, a, a->pdl, stream);
   }
   /* v3 where v1 has too few blocks to hide its dependent rounds (see merge3_kernel). */
   if (vec && a->num_partials >= 8 && blocks <= MERGE3_MAX_ROWS && !a->fixed_order && !a->sinked)
-    return merge_launch((const void *)merge3_kernel, blocks3, MERGE3_WARPS * 32, a, stream);
-  if (vec) return merge_launch((const void *)merge_kernel<1>, blocks, MERGE_THREADS, a, stream);
-  return merge_launch((const void *)merge_kernel<0>, blocks, MERGE_THREADS, a, stream);
+    return merge_launch((const void *)merge3_kernel, blocks3, MERGE3_WARPS * 32, a, a->pdl,
+                        stream);
+  /* v1 (one block a row, 256..T x N blocks) stays a plain launch: as a programmatic
+   * dependent its blocks were scheduled early onto the few SMs the forward left free, and
+   * the step took 1.2-3.5 us longer (H100, bench/RESULTS.md session 12 run 2: N=128 T=2
+   * 23.5 -> 26.5, N=64 T=4 24.9 -> 28.4). */
+  return merge_launch(vec ? (const void *)merge_kernel<1> : (const void *)merge_kernel<0>,
+                      blocks, MERGE_THREADS, a, 0, stream);
 }
 
 extern "C" cudaError_t smla_cuda_merge_prepare(int *pdl_ok) {

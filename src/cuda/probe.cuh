@@ -18,7 +18,7 @@
 #include <stdio.h>
 
 #define PROBE_RING 16384
-#define PROBE_STAMPS 7
+#define PROBE_STAMPS 8
 
 typedef struct probe_event {
   unsigned long long t[PROBE_STAMPS];
@@ -35,7 +35,7 @@ __device__ __forceinline__ unsigned long long probe_now() {
   return t;
 }
 
-#define PROBE_DECL unsigned long long probe_t_[PROBE_STAMPS] = {0, 0, 0, 0, 0, 0, 0}
+#define PROBE_DECL unsigned long long probe_t_[PROBE_STAMPS] = {0, 0, 0, 0, 0, 0, 0, 0}
 #define PROBE_STAMP(i) (probe_t_[(i)] = probe_now())
 /* Records the stamps of thread 0 of the first and the last block. */
 #define PROBE_PUT(kind_, extra_)                                                           \

@@ -39,6 +39,7 @@
  * w_cluster_sum below).
  */
 #include "../forward_common.cuh"
+#include "../probe.cuh"
 #include "wgmma.cuh"
 
 #include <limits.h>
@@ -78,19 +79,36 @@
 #ifndef SMLA_FWD90_BALLOT_MASK
 #define SMLA_FWD90_BALLOT_MASK 1
 #endif
+/* SMLA_FWD90_LAZY_RESCALE (v10, experiment; 0 builds v9's rescale every tile): a row's
+ * reference max (the one its sum and O are relative to) moves only when the tile's max
+ * passes it by more than W_TAU = 8 ln 2, so P <= 2^8 (bf16 P keeps its relative
+ * precision; the fp32 sums have room), and a warp rescales its O (128 multiplies a
+ * thread) only when one of its rows moved. max_logit comes from a separate running max.
+ * The rounding of P and of the sums changes, not their error bounds. */
+#ifndef SMLA_FWD90_LAZY_RESCALE
+#define SMLA_FWD90_LAZY_RESCALE 0
+#endif
+#define W_TAU (SMLA_FWD90_LAZY_RESCALE ? 5.5451774f : 0.0f)
 /* The epilogue stages O in shared memory and stores whole rows (measured against
  * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
 #define W_OST_STRIDE 520
-#ifndef SMLA_FWD90_PROBE /* 1: printf phase times of a few blocks (a measurement build) */
-#define SMLA_FWD90_PROBE 0
-#endif
-#if SMLA_FWD90_PROBE
-#include <stdio.h>
-__device__ __forceinline__ uint64_t probe_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+/* A probe build (NVCC_EXTRA=-DSMLA_PROBE=1, src/cuda/probe.cuh; kind 10): compute thread 0
+ * of the first and last block records its entry (t0), tile 0 landed (t1), the loop's end
+ * (t2), the end (t7), and per-tile phase times summed over its tiles: t3 softmax to the
+ * row-max rendezvous, t4 to the P rendezvous, t5 PV issued and waited for (with S(j+1)
+ * queued behind it in the EARLY instance), t6 the rest to the next tile's start (the full
+ * wait and S(j) in the v3 order; S(j+1)'s completion in the EARLY one). */
+#if SMLA_PROBE
+#define W_PHASE(k_)                                                                        \
+  do {                                                                                     \
+    if (tid == 0) {                                                                        \
+      const unsigned long long n_ = probe_now();                                           \
+      probe_t_[3 + (k_)] += n_ - probe_last_;                                              \
+      probe_last_ = n_;                                                                    \
+    }                                                                                      \
+  } while (0)
+#else
+#define W_PHASE(k_)
 #endif
 
 #define W_THREADS 256 /* the two compute warpgroups */
@@ -100,7 +118,7 @@ __device__ __forceinline__ uint64_t probe_ns() {
 #define W_KB_BYTES 8192 /* one [64 rows][128 B] block of 64 bf16 columns */
 
 struct w_layout {
-  uint32_t q, kv, p, red, rowmax, mask, bar, total;
+  uint32_t q, kv, p, red, rowmax, rowtop, mask, bar, total;
 };
 
 __host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
@@ -110,8 +128,9 @@ __host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
   l.kv = l.q + tile;
   l.p = l.kv + 2u * tile;
   l.red = l.p + W_KB_BYTES;      /* [2][64] float */
-  l.rowmax = l.red + 2u * 64u * 4u; /* [64] float */
-  l.mask = l.rowmax + 64u * 4u;  /* [4][64] uint8 (not with SMLA_FWD90_WS; v7: [2] flags) */
+  l.rowmax = l.red + 2u * 64u * 4u; /* [64] float: the max each row's sum is relative to */
+  l.rowtop = l.rowmax + 64u * 4u; /* [64] float: each row's largest logit (max_logit) */
+  l.mask = l.rowtop + 64u * 4u;  /* [4][64] uint8 (not with SMLA_FWD90_WS; v7: [2] flags) */
   l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2] (SMLA_FWD90_WS) */
   l.total = l.bar + 4u * 8u;
   return l;
@@ -136,17 +155,18 @@ __device__ __forceinline__ uint32_t w_chunk(int r, int c) {
  * merged lse and max_logit. red_s, rowmax_s: shared addresses of red and rowmax. */
 __device__ __forceinline__ float w_cluster_factor(const smla_cuda_fwd_args &a, int64_t t,
                                                   int head, int row, uint32_t red_s,
-                                                  uint32_t rowmax_s, float l_own, float m_own,
-                                                  bool writer) {
+                                                  uint32_t rowmax_s, uint32_t rowtop_s,
+                                                  float l_own, float m_own, bool writer) {
   const float NEG_INF = -INFINITY;
   const int S = a.num_splits;
-  float mk[8], lk[8], M = NEG_INF;
+  float mk[8], lk[8], M = NEG_INF, top = NEG_INF;
 #pragma unroll
   for (int k = 0; k < 8; k++) {
     if (k >= S) break;
     mk[k] = ld_cluster_f32(rowmax_s + 4u * row, (uint32_t)k);
     lk[k] = ld_cluster_f32(red_s + 4u * row, (uint32_t)k) +
             ld_cluster_f32(red_s + 256u + 4u * row, (uint32_t)k);
+    if (writer) top = fmax_nan(top, ld_cluster_f32(rowtop_s + 4u * row, (uint32_t)k));
   }
 #pragma unroll
   for (int k = 0; k < 8; k++)
@@ -155,7 +175,7 @@ __device__ __forceinline__ float w_cluster_factor(const smla_cuda_fwd_args &a, i
 #pragma unroll
   for (int k = 0; k < 8; k++)
     if (k < S) L += lk[k] * part_weight(mk[k], lk[k], M);
-  if (writer) fwd_store_row_scalars(a, t, head, M, L);
+  if (writer) fwd_store_row_scalars(a, t, head, M, L, top);
   return part_weight(m_own, l_own, M) * row_out_factor(a.sink, head, M, L, a.value_scale);
 }
 
@@ -221,6 +241,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   const w_layout L = w_layout_of(DR);
   float *red = (float *)(smem + L.red);
   float *rowmax_s = (float *)(smem + L.rowmax);
+  float *rowtop_s = (float *)(smem + L.rowtop);
 #if !SMLA_FWD90_WS
   uint8_t *mask_s = smem + L.mask;
 #endif
@@ -242,9 +263,10 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 
   unsigned bad = 0; /* entries >= S or < -1 this thread counted */
   const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
-#if SMLA_FWD90_PROBE
-  const uint64_t pr0 = probe_ns();
-  uint64_t pr1 = 0, pr2 = 0;
+  PROBE_DECL;
+  PROBE_STAMP(0);
+#if SMLA_PROBE
+  unsigned long long probe_last_ = 0;
 #endif
 #if SMLA_FWD90_WS
   /* Everything of the compute warps (O included) lives inside their branch: code after
@@ -311,7 +333,9 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   for (int h = 0; h < 2; h++)
 #pragma unroll
     for (int i = 0; i < 64; i++) O[h][i] = 0.0f;
-  float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};
+  /* m_run: the max each row's l_run and O are relative to (lags the running max by up to
+   * W_TAU with the lazy rescale); m_top: the row's largest logit so far (max_logit). */
+  float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f}, m_top[2] = {NEG_INF, NEG_INF};
 
   if (ntiles > 0) {
 #if !SMLA_FWD90_WS
@@ -411,9 +435,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       W_MASK_NEXT();
       mbar_wait(full_b, 0u); /* tile 0 (and Q) */
       fence_proxy_async();
-#if SMLA_FWD90_PROBE
-      pr1 = probe_ns();
-#endif
+      PROBE_STAMP(1);
       W_ISSUE_S(kv_s);
       wg_wait<0>(); /* no wgmma in flight where the loop begins or loops */
     }
@@ -433,8 +455,13 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
        * rewritten. */
       __syncthreads();
 #endif
-#if SMLA_FWD90_PROBE
-      if (j == 0 && !W_EARLY) pr1 = probe_ns(); /* (EARLY: before S(0), above) */
+#if SMLA_PROBE
+      if (j == 0) { /* (EARLY: t1 before S(0), above) */
+        if (!W_EARLY) PROBE_STAMP(1);
+        if (tid == 0) probe_last_ = probe_now();
+      } else {
+        W_PHASE(3);
+      }
 #endif
 
       if (!W_EARLY) W_ISSUE_S(kvb);
@@ -476,12 +503,19 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         if (tig == 0) red[wg * 64 + r0 + 8 * hh] = tmax[hh];
       }
       W_SYNC();
+      W_PHASE(0);
       float mls[2], alpha[2], lsum[2] = {0.0f, 0.0f};
+      bool moved = false; /* (lazy rescale) a row of this thread changed its reference max */
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) {
         const int row = r0 + 8 * hh;
         const float mx = fmax_nan(red[row], red[64 + row]);
-        const float m_new = fmax_nan(m_run[hh], mx); /* NaN: out, lse, max NaN */
+        m_top[hh] = fmax_nan(m_top[hh], mx);
+        float m_new = fmax_nan(m_run[hh], mx); /* NaN: out, lse, max NaN */
+        /* Lazy: the reference stays while the max grew by at most W_TAU (so P <= 2^8);
+         * a NaN, the first used entry (-inf - -inf or x - -inf) fail the test and move it. */
+        if (W_TAU > 0.0f && m_new - m_run[hh] <= W_TAU) m_new = m_run[hh];
+        else moved = true;
         const float m_use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
         alpha[hh] = ex2_approx((m_run[hh] - m_use) * FWD_LOG2E);
         m_run[hh] = m_new;
@@ -500,12 +534,14 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         }
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
+      if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved))
 #pragma unroll
-      for (int h = 0; h < 2; h++)
+        for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int i = 0; i < 64; i++) O[h][i] *= alpha[(i >> 1) & 1];
+          for (int i = 0; i < 64; i++) O[h][i] *= alpha[(i >> 1) & 1];
       fence_proxy_async(); /* P visible to wgmma */
       W_SYNC();
+      W_PHASE(1);
 
       /* ---- O += P V: all 64 heads x this warpgroup's 256 output columns ---- */
 #pragma unroll
@@ -536,6 +572,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     _Pragma("unroll") for (int h_ = 0; h_ < 2; h_++)                                       \
     _Pragma("unroll") for (int i_ = 0; i_ < 64; i_++) wg_pin(O[h_][i_]);                   \
     if (lane == 0) mbar_arrive(empty_b + 8u * (uint32_t)(j & 1)); /* the stage is free */  \
+    W_PHASE(2);                                                                            \
   } while (0)
       if (j + 1 < ntiles) {
         const uint32_t full1 = full_b + 8u * (uint32_t)((j + 1) & 1);
@@ -572,6 +609,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #pragma unroll
           for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
         if (lane == 0) mbar_arrive(empty_b + 8u * (uint32_t)(j & 1)); /* the stage is free */
+        W_PHASE(2);
       }
 #else
       wg_wait<0>();
@@ -586,9 +624,8 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #undef W_MASK_NEXT
 #undef W_UMASK
 #endif
-#if SMLA_FWD90_PROBE
-    pr2 = probe_ns();
-#endif
+    W_PHASE(3);
+    PROBE_STAMP(2);
     /* The combine kernel (a programmatic dependent, smla_cuda_merge_args.pdl) may be
      * scheduled from here on; it waits for this grid's completion before it reads. */
     griddep_launch_dependents();
@@ -610,13 +647,13 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       const int row = r0 + 8 * hh;
       if (tig == 0) {
         red[wg * 64 + row] = l;
-        if (wg == 0) rowmax_s[row] = m_run[hh];
+        if (wg == 0) rowmax_s[row] = m_run[hh], rowtop_s[row] = m_top[hh];
       }
     }
   } else {
     /* No used entry can exist in this split: every row gets l = 0, m = -inf. */
     for (int i = tid; i < 128; i += W_THREADS) red[i] = 0.0f;
-    for (int i = tid; i < 64; i += W_THREADS) rowmax_s[i] = NEG_INF;
+    for (int i = tid; i < 64; i += W_THREADS) rowmax_s[i] = rowtop_s[i] = NEG_INF;
   }
   W_SYNC();
 
@@ -642,11 +679,11 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     }
     float f;
     if (cmerge) {
-      f = w_cluster_factor(a, t, head, row, sbase + L.red, sbase + L.rowmax,
+      f = w_cluster_factor(a, t, head, row, sbase + L.red, sbase + L.rowmax, sbase + L.rowtop,
                            red[row] + red[64 + row], rowmax_s[row], writer && split == 0);
     } else {
       const fwd_row_out r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row],
-                                             rowmax_s[row], writer);
+                                             rowmax_s[row], rowtop_s[row], writer);
       if (writer) dst_s[row] = r.out ? (void *)r.out : (void *)r.part;
       f = r.f;
     }
@@ -718,20 +755,15 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       }
     }
   }
-#if SMLA_FWD90_PROBE
-  /* Phase times of a few blocks (ns): start to Q and tile 0 landed, the tile loop, the
-   * epilogue's stores issued (a build-time probe, never in the library). */
-  const uint64_t pr3 = probe_ns();
-  if (tid == 0 && (blockIdx.x == 0 || blockIdx.x == 64 || blockIdx.x == gridDim.x - 1))
-    printf("probe blk %u start %llu first %llu loop %llu epi %llu ntiles %d\n", blockIdx.x,
-           (unsigned long long)(pr0 % 100000000ull), (unsigned long long)(pr1 - pr0),
-           (unsigned long long)(pr2 - pr1), (unsigned long long)(pr3 - pr2), ntiles);
-#endif
+  PROBE_STAMP(7);
+  PROBE_PUT(10, ntiles);
   } /* compute warps */
 #undef W_SYNC
 
   fwd_count_bad(a, grp, bad);
 }
+
+PROBE_DEFINE_DUMP(smla_probe_dump_fwd90)
 
 extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr) {
   return w_layout_of(dr).total + 1024u; /* + slack to align the base to 1024 */
