@@ -230,6 +230,16 @@ MUTANTS = [
       ": a.sinked ? expf(smla_logaddexpf(l, sink_h) - lae_all) : expf(l - lse);",
       ": expf(l - lse);",
       "public merge kernel (v1) ignores the sink of sinked partials", "merge,dcp"),
+    M("gpu_lazy_max_logit_ref", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "if (wg == 0) rowmax_s[row] = m_run[hh], rowtop_s[row] = m_top[hh];",
+      "if (wg == 0) rowmax_s[row] = m_run[hh], rowtop_s[row] = m_run[hh];",
+      "sm90 lazy rescale: max_logit from the lagging reference max, not the row's largest "
+      "logit", "wide,forward_N_64,forward_N_96"),
+    M("gpu_lazy_tau_huge", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "#define W_TAU (SMLA_FWD90_LAZY_RESCALE ? 5.5451774f : 0.0f)",
+      "#define W_TAU (SMLA_FWD90_LAZY_RESCALE ? 200.0f : 0.0f)",
+      "sm90 lazy rescale: the reference max allowed to lag by 200 (P overflows fp32 once a "
+      "row's logits spread over more than ~88)", "wide,forward_N_64,forward_N_96,scale"),
     M("gpu_split_rest_7bit", "gpu", "src/cuda/backend.c",
       "    plan->split_rest = s; /* forced: up to 1024, so not in split_table's 8-bit code */",
       "    plan->split_rest = s & 0x7f; /* forced: up to 1024, so not in split_table's 8-bit code */",

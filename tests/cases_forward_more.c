@@ -307,6 +307,23 @@ static void wide(t_case *tc, int64_t T, int N, int K, int dr, float softcap, int
   wide_flags(tc, T, N, K, dr, softcap, sink, splits, 0);
 }
 
+/* Logits 100x the default spread (sm_scale 600 / sqrt(Dqk): a row's logits span a few
+ * hundred), so that a row's running max keeps rising by more than the sm90 kernel's lazy
+ * rescale lets its reference lag (W_TAU = 8 ln 2) after tile 0: each rise must rescale O,
+ * and a reference left to lag by ~88 or more overflows P. Unsplit from 33 tiles (the v7
+ * instance) or 5 splits of 5-6 tiles (v3), both checked against the CPU. */
+static void steep(t_case *tc, int N, int K, int splits) {
+  fwd_problem pb;
+  fwd_defaults(&pb, 3, N, K, 64, SMLA_CACHE_BF16);
+  pb.sm_scale = 600.0f / sqrtf((float)(512 + 64));
+  pb.num_splits = splits;
+  fwd_make_inputs(&pb);
+  if (fwd_make_cache(tc, &pb) == 0) fwd_run(tc, &pb);
+  fwd_free(&pb);
+}
+static void c_wide_n64_steep(t_case *tc) { steep(tc, 64, 2100, 1); }
+static void c_wide_n128_steep_splits(t_case *tc) { steep(tc, 128, 1700, 5); }
+
 static void c_wide_n128(t_case *tc) { wide(tc, 5, 128, 2051, 64, 0.0f, 0, 0); }
 static void c_wide_n64_dr0(t_case *tc) { wide(tc, 4, 64, 700, 0, 0.0f, 1, 0); }
 static void c_wide_n100_softcap(t_case *tc) { wide(tc, 3, 100, 333, 64, 5.0f, 1, 0); }
@@ -613,6 +630,8 @@ void t_register_forward_more_cases(void) {
   t_register("forward_wide_n100_softcap_sink", c_wide_n100_softcap);
   t_register("forward_wide_n128_splits5", c_wide_n128_splits);
   t_register("forward_wide_n48_k1", c_wide_n48_k1);
+  t_register("forward_wide_n64_steep", c_wide_n64_steep);
+  t_register("forward_wide_n128_steep_splits", c_wide_n128_steep_splits);
   t_register("forward_wide_n128_merges", c_wide_n128_merges);
   t_register("forward_generic_merges_n16", c_generic_merges_n16);
   t_register("forward_many_splits", c_many_splits);

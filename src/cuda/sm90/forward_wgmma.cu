@@ -79,14 +79,14 @@
 #ifndef SMLA_FWD90_BALLOT_MASK
 #define SMLA_FWD90_BALLOT_MASK 1
 #endif
-/* SMLA_FWD90_LAZY_RESCALE (v10, experiment; 0 builds v9's rescale every tile): a row's
+/* SMLA_FWD90_LAZY_RESCALE (v10, default 1; 0 builds v9's rescale every tile): a row's
  * reference max (the one its sum and O are relative to) moves only when the tile's max
  * passes it by more than W_TAU = 8 ln 2, so P <= 2^8 (bf16 P keeps its relative
  * precision; the fp32 sums have room), and a warp rescales its O (128 multiplies a
  * thread) only when one of its rows moved. max_logit comes from a separate running max.
  * The rounding of P and of the sums changes, not their error bounds. */
 #ifndef SMLA_FWD90_LAZY_RESCALE
-#define SMLA_FWD90_LAZY_RESCALE 0
+#define SMLA_FWD90_LAZY_RESCALE 1
 #endif
 #define W_TAU (SMLA_FWD90_LAZY_RESCALE ? 5.5451774f : 0.0f)
 /* The epilogue stages O in shared memory and stores whole rows (measured against
