@@ -551,8 +551,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   int mtiles = d->num_heads <= 16 ? 1 : d->num_heads <= 32 ? 2 : 4;
   int pipe = sm90 ? 2 : -1;
   while (!sm90) {
-    const int deepest = mtiles == 1 && d->format == SMLA_CACHE_BF16 ? smla_cuda_fwd_mt1_max_pipe() : 2;
-    const int shallowest = d->format == SMLA_CACHE_BF16 ? 1 : 0;
+    const int deepest = 2, shallowest = d->format == SMLA_CACHE_BF16 ? 1 : 0;
     for (int p = deepest; p >= shallowest; p--) {
       const smla_cuda_fwd_layout L = smla_cuda_fwd_layout_of((int)d->format, d->dr, mtiles, p);
       if ((int)L.total <= st->smem_optin) {

@@ -73,15 +73,6 @@ __device__ __forceinline__ void widen_chunk(uint4 raw, float sc, uint4 *lo, uint
   *hi = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-#ifndef SMLA_FWD_SWIZZLE_BASES /* 0: every ldmatrix address swizzled where it is used (A/B) */
-#define SMLA_FWD_SWIZZLE_BASES 1
-#endif
-
-/* v[i] for i in 0..3, by selects (no local-memory array where i is not a constant). */
-__device__ __forceinline__ uint32_t sel4(const uint32_t (&v)[4], int i) {
-  return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
-}
-
 /* Byte offset of 16-byte chunk c of row r in a swizzled tile with row pitch `pitch`:
  * chunk c ^ (r % 8), so the 8 rows an ldmatrix phase reads hit 8 distinct bank groups. */
 __device__ __forceinline__ uint32_t swz(int r, int c, int pitch) {
@@ -260,16 +251,8 @@ __device__ __forceinline__ void fwd_merge_in_kernel(const smla_cuda_fwd_args &a,
 }
 #endif
 
-/* SMLA_FWD_MT1_TWO_BLOCKS (experiment, default 0): the 16-head BF16 blocks take one KV
- * stage and at most 128 registers, so that two blocks (two independent gather streams)
- * share an SM; the gather microbenchmark gave 3.25 against 2.81 TB/s for two blocks an SM
- * against one (H100, bench/RESULTS.md session 11 run 2). */
-#ifndef SMLA_FWD_MT1_TWO_BLOCKS
-#define SMLA_FWD_MT1_TWO_BLOCKS 0
-#endif
 template <int FMT, int DR, int MT>
-__global__ void __launch_bounds__(FWD_THREADS,
-                                  MT == 1 && FMT == FMT_BF16 && SMLA_FWD_MT1_TWO_BLOCKS ? 2 : 1)
+__global__ void __launch_bounds__(FWD_THREADS, 1)
     fwd_kernel(const __grid_constant__ smla_cuda_fwd_args a, const int pipe) {
   constexpr int BN = FWD_BN;
   constexpr int DQK = 512 + DR;
@@ -383,22 +366,6 @@ __global__ void __launch_bounds__(FWD_THREADS,
     const uint32_t a_row = q_s + (uint32_t)((wm * 16 * SMT + (lane & 15)) * ROWB);
     const int a_hi = lane >> 4, b_hi = (lane >> 3) & 1;
     const int b_n0 = wn * 8 * NTS + (lane & 7) + (NTS > 1 ? ((lane >> 4) & 1) * 8 : 0);
-    /* The swizzle of every ldmatrix address, once: a thread's row r has r % 8 = lane % 8
-     * (x7) in each operand, so 16-byte chunk 2 kk + hi (hi = 0, 1) of it lies at chunk
-     * 8 (kk / 4) + ((2 (kk % 4) + hi) ^ x7): a per-thread base for each kk % 4 plus an
-     * immediate. (Computed per ldmatrix, the XOR and shifts were a third of a 16-head
-     * block's instructions: Nsight Compute, bench/RESULTS.md session 12 run 4.) Not at 64
-     * heads, whose instances have no 16 registers to spare (ptxas: spills). */
-    constexpr bool SWB = SMLA_FWD_SWIZZLE_BASES && MT <= 2;
-    uint32_t a_sw[4], b_sw[4], p_sw[4], v_sw[4];
-#pragma unroll
-    for (int m = 0; m < 4; m++) {
-      a_sw[m] = a_row + (uint32_t)(((2 * m + a_hi) ^ x7) << 4);
-      b_sw[m] = (uint32_t)(b_n0 * ROWB + (((2 * m + b_hi) ^ x7) << 4));
-      p_sw[m] = p_s + (uint32_t)((lane & 15) * BN * 2 + (((2 * m + (lane >> 4)) ^ x7) << 4));
-      v_sw[m] = (uint32_t)(((lane & 7) + ((lane >> 3) & 1) * 8) * ROWB + warp * 128 +
-                           (((2 * m + (lane >> 4)) ^ x7) << 4));
-    }
     (void)s_warp;
 
     const int kv_bufs = FMT == FMT_BF16 ? pipe : 1;
@@ -517,23 +484,17 @@ __global__ void __launch_bounds__(FWD_THREADS,
   do {                                                                                      \
     uint32_t af[SMT][4];                                                                    \
     _Pragma("unroll") for (int mi = 0; mi < SMT; mi++)                                      \
-        ldmatrix_x4(af[mi], SWB ? sel4(a_sw, (kk) & 3) + 128u * ((kk) >> 2) +              \
-                                      (uint32_t)(mi * 16 * ROWB)                            \
-                                : a_row + (uint32_t)(mi * 16 * ROWB +                       \
-                                                     (((2 * (kk) + a_hi) ^ x7) << 4)));     \
+        ldmatrix_x4(af[mi], a_row + (uint32_t)(mi * 16 * ROWB + (((2 * (kk) + a_hi) ^ x7) << 4))); \
     if (NTS == 1) {                                                                         \
       uint32_t bf[2];                                                                       \
-      ldmatrix_x2(bf, kvb + (SWB ? sel4(b_sw, (kk) & 3) + 128u * ((kk) >> 2)                \
-                                 : (uint32_t)(b_n0 * ROWB + (((2 * (kk) + b_hi) ^ x7) << 4)))); \
+      ldmatrix_x2(bf, kvb + (uint32_t)(b_n0 * ROWB + (((2 * (kk) + b_hi) ^ x7) << 4)));     \
       _Pragma("unroll") for (int mi = 0; mi < SMT; mi++)                                    \
           mma_bf16_16816(pacc[mi][0], af[mi], bf[0], bf[1]);                                \
     } else {                                                                                \
       _Pragma("unroll") for (int np = 0; np < NTS / 2; np++) {                              \
         uint32_t bf[4];                                                                     \
-        ldmatrix_x4(bf, SWB ? kvb + sel4(b_sw, (kk) & 3) + 128u * ((kk) >> 2) +             \
-                                  (uint32_t)(np * 16 * ROWB)                                \
-                            : kvb + (uint32_t)((b_n0 + np * 16) * ROWB +                    \
-                                               (((2 * (kk) + b_hi) ^ x7) << 4)));           \
+        ldmatrix_x4(bf, kvb + (uint32_t)((b_n0 + np * 16) * ROWB +                          \
+                                         (((2 * (kk) + b_hi) ^ x7) << 4)));                 \
         _Pragma("unroll") for (int mi = 0; mi < SMT; mi++) {                                \
           mma_bf16_16816(pacc[mi][2 * np], af[mi], bf[0], bf[1]);                           \
           mma_bf16_16816(pacc[mi][2 * np + 1], af[mi], bf[2], bf[3]);                       \
@@ -666,15 +627,13 @@ __global__ void __launch_bounds__(FWD_THREADS,
         uint32_t pa[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
-          ldmatrix_x4(pa[mt], SWB ? p_sw[kk] + pv_group * (M * BN * 2) + (uint32_t)(mt * 16 * BN * 2)
-                                  : p_s + pv_group * (M * BN * 2) +
-                                        swz(mt * 16 + (lane & 15), 2 * kk + (lane >> 4), BN * 2));
+          ldmatrix_x4(pa[mt], p_s + pv_group * (M * BN * 2) +
+                                  swz(mt * 16 + (lane & 15), 2 * kk + (lane >> 4), BN * 2));
+        const int krow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int np = 0; np < 4; np++) {
           uint32_t bf[4];
-          ldmatrix_x4_trans(bf, SWB ? kvb + v_sw[np] + (uint32_t)(kk * 16 * ROWB)
-                                    : kvb + swz(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                warp * 8 + np * 2 + (lane >> 4), ROWB));
+          ldmatrix_x4_trans(bf, kvb + swz(krow, warp * 8 + np * 2 + (lane >> 4), ROWB));
 #pragma unroll
           for (int mt = 0; mt < MT; mt++) {
             mma_bf16_16816(O[mt][2 * np], pa[mt], bf[0], bf[1]);

@@ -243,8 +243,6 @@ cudaError_t smla_cuda_fwd_caps_ds(const smla_cuda_fwd_config *c, int cluster, in
  * outside graph capture, at plan creation). launch: grid T * groups * num_splits blocks of
  * SMLA_CUDA_FWD_THREADS threads. */
 cudaError_t smla_cuda_fwd_prepare_bf16(const smla_cuda_fwd_config *c, int max_smem);
-/* The deepest pipe the 16-head BF16 forward was built for (forward_bf16.cu). */
-int smla_cuda_fwd_mt1_max_pipe(void);
 cudaError_t smla_cuda_fwd_prepare_fp8(const smla_cuda_fwd_config *c, int max_smem);
 cudaError_t smla_cuda_fwd_prepare_ds(const smla_cuda_fwd_config *c, int max_smem);
 cudaError_t smla_cuda_fwd_launch_bf16(const smla_cuda_fwd_config *c,
