@@ -8,7 +8,8 @@
 # 4096; both timings) with the builds interleaved twice (the spread between a build's two
 # runs is the noise a difference is held against), then runs compute-sanitizer
 # (AB_SAN_TOOLS, default racecheck synccheck memcheck) over each experiment's (or
-# AB_SAN_BUILDS's) cases of AB_SAN_FILTER (empty: no sanitizer). Logs: $OUT/ab.tgz. Prints a summary table last.
+# AB_SAN_BUILDS's) cases of AB_SAN_FILTER (empty: no sanitizer). Logs: $OUT/ab.tgz.
+# Prints a summary table last.
 set -u
 O=${OUT:-.out}
 mkdir -p "$O"

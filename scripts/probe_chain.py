@@ -4,15 +4,18 @@
     build-probe/smla bench -N 16 -T 1 --timing amortized 2> probe.txt
     python3 scripts/probe_chain.py probe.txt
 
-Each `probe kind block blocks extra t0..t5` line is thread 0 of the first or last block of
-one launch: kind 0 / 1 the generic forward (combine after it / merged in the kernel), 2 the
-merge4 combine, 3 merge3, 10 the sm90 forward. Stamps (ns, %globaltimer): forward t0 entry, t1 after the
-dependency wait, t2 tile 0's gathers issued (thread 0's slot arrived; BF16 only), t3 tile
-0 landed, t4 tile loop done, t5 row sums exchanged, t6 epilogue's stores issued; combine
-t0 entry, t1 after the dependency wait, t6 done; sm90 forward t0 entry, t1 tile 0 landed,
-t2 tile loop done, t3..t6 per-tile phases summed over the block's tiles (softmax to the
-row-max rendezvous, to the P rendezvous, PV issued and waited for, the rest), t7 done. Prints the median of every phase and of the
-gaps along the step's chain: forward end -> combine start -> combine end -> next forward.
+Each `probe kind block blocks extra t0..t7` line is thread 0 of the first or last block
+of one launch: kind 0 / 1 the generic forward (combine after it / merged in the kernel),
+2 the merge4 combine, 3 merge3, 10 the sm90 forward. Stamps (ns, %globaltimer):
+- generic forward: t0 entry, t1 after the dependency wait, t2 tile 0's gathers issued
+  (thread 0's slot arrived; BF16 only, else 0), t3 tile 0 landed, t4 tile loop done, t5
+  row sums exchanged, t6 epilogue's stores issued;
+- combine: t0 entry, t1 after the dependency wait, t6 done;
+- sm90 forward: t0 entry, t1 tile 0 landed, t2 tile loop done, t3..t6 per-tile phases
+  summed over the block's tiles (softmax to the row-max rendezvous, to the P rendezvous,
+  PV issued and waited for, the rest), t7 done.
+Prints the median of every phase and of the gaps along the step's chain: forward end ->
+combine start -> combine end -> next forward.
 """
 import statistics
 import sys
@@ -67,11 +70,13 @@ def main():
                 per = med([x[4][3 + i] / max(x[3], 1) for x in es])
                 print(f"  per tile: {what:30s} {per / 1e3:6.3f} us")
         elif k in (0, 1):
-            for a, b, what in ((0, 1, "entry -> dependency met"), (1, 2, "-> tile 0 issued"),
-                               (2, 3, "-> tile 0 landed"), (3, 4, "-> tile loop done"),
-                               (4, 5, "-> row sums exchanged"), (5, 6, "-> epilogue done")):
-                if a == 1 and not all(x[4][2] for x in es):
-                    continue
+            issued = all(x[4][2] for x in es)  # t2 is stamped for BF16 only
+            steps = ((0, 1, "entry -> dependency met"),) + (
+                ((1, 2, "-> tile 0 issued"), (2, 3, "-> tile 0 landed")) if issued else
+                ((1, 3, "-> tile 0 landed"),)) + (
+                (3, 4, "-> tile loop done"), (4, 5, "-> row sums exchanged"),
+                (5, 6, "-> epilogue done"))
+            for a, b, what in steps:
                 print(f"  {what:26s} {med([x[4][b] - x[4][a] for x in es]) / 1e3:6.2f} us")
         else:
             print(f"  entry -> dependency met    {med([x[4][1] - x[4][0] for x in es if x[4][1]]) / 1e3:6.2f} us")
@@ -83,7 +88,7 @@ def main():
         gaps.setdefault(key, []).append(b["start"] - a["end"])
     for key, xs in gaps.items():
         print(f"{key:40s} median {med(xs) / 1e3:6.2f} us ({len(xs)})")
-    fw = [L["start"] for L in launches if L["kind"] in (0, 1)]
+    fw = [L["start"] for L in launches if L["kind"] in (0, 1, 10)]
     per = [b - a for a, b in zip(fw, fw[1:]) if b - a < 200000]
     print(f"forward entry to next forward entry: median {med(per) / 1e3:.2f} us ({len(per)})")
 

@@ -91,9 +91,11 @@ typedef struct smla_cuda_merge_args {
                                   lae(lse, s)) and no factor. Only merge_kernel (v1) runs. */
   int dense;                   /* 1: every partial row is written, -inf ones too (the
                                   forward's): loads may be issued before the lse is known */
-  int pdl;                     /* 1: launched as a programmatic dependent of the previous
-                                  kernel on the stream (the sm90 forward, which triggers it
-                                  after its tile loop); the merge waits for its completion */
+  int pdl;                     /* 1: merge3 / merge4 are launched as programmatic dependents
+                                  of the previous kernel on the stream (a forward: the sm90
+                                  one triggers after its tile loop, the generic one at its
+                                  start); they wait for its completion. v1 is always a
+                                  plain launch (merge.cu says why). */
   int fixed_order;             /* 1: the summation order may depend on P only, not on T or
                                   N (batch-invariant plans): no merge3_kernel */
 } smla_cuda_merge_args;

@@ -17,11 +17,12 @@
 #include <cuda_bf16.h>
 #include <math.h>
 
-/* Every combine kernel waits for the forward's writes (griddepcontrol.wait) and then lets
- * the next kernel, if it waits alike, be scheduled (launch_dependents), so each may be a
- * programmatic dependent of the forward and have one of its own.
+/* Every combine kernel waits for the forward's writes (griddepcontrol.wait: a no-op after
+ * a plain launch) and then lets the next kernel, if it waits alike, be scheduled
+ * (launch_dependents). merge3 and merge4 are launched as programmatic dependents of the
+ * forward where args.pdl; v1 never is (smla_cuda_merge says why).
  * SMLA_COMBINE_PDL=0 (A/B build): plain launches, no early trigger. */
-#ifndef SMLA_COMBINE_PDL /* 0: every combine kernel is a plain launch (A/B build) */
+#ifndef SMLA_COMBINE_PDL
 #define SMLA_COMBINE_PDL 1
 #endif
 
@@ -86,11 +87,11 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const smla_cuda_me
   __shared__ float w_s[MERGE_CHUNK];
   __shared__ int idx_s[MERGE_CHUNK];
   __shared__ float lse_s, factor_s;
+  __shared__ int valid_s;
 #if __CUDA_ARCH__ >= 900
-  griddep_wait(); /* a programmatic dependent: the forward's writes first (else a no-op) */
+  griddep_wait(); /* (a plain launch: a no-op) */
   if (SMLA_COMBINE_PDL) griddep_launch_dependents(); /* the next kernel may be scheduled */
 #endif
-  __shared__ int valid_s;
   const int tid = threadIdx.x, lane = tid & 31;
   const int64_t row = blockIdx.x;
   const int64_t t = row / a.num_heads;

@@ -1,7 +1,7 @@
 /*
  * probe.cuh: a measurement build's phase stamps (NVCC_EXTRA=-DSMLA_PROBE=1; never in the
  * library a user gets). Thread 0 of the first and the last block of a launch records up
- * to 6 %globaltimer stamps (ns) into its translation unit's ring; the tool that ran the
+ * to 8 %globaltimer stamps (ns) into its translation unit's ring; the tool that ran the
  * kernels prints the rings at exit through smla_probe_dump_<unit>() (tools/bench.c,
  * weak references), one line an event, for scripts/probe_chain.py to line up.
  * Without SMLA_PROBE every macro here is empty.
