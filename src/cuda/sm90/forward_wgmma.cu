@@ -118,7 +118,7 @@
 #define W_KB_BYTES 8192 /* one [64 rows][128 B] block of 64 bf16 columns */
 
 struct w_layout {
-  uint32_t q, kv, p, red, rowmax, rowtop, mask, bar, total;
+  uint32_t q, kv, p, xm, red, rowmax, rowtop, mask, bar, total;
 };
 
 __host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
@@ -126,13 +126,18 @@ __host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
   const uint32_t tile = (uint32_t)((512 + dr) / 64) * W_KB_BYTES;
   l.q = 0;
   l.kv = l.q + tile;
-  l.p = l.kv + 2u * tile;
-  l.red = l.p + W_KB_BYTES;      /* [2][64] float */
+  l.p = l.kv + 2u * tile; /* v3 / v7: P; v11, dr = 0: P of stage 0, then P of stage 1 (dr =
+                             64: P of a stage goes in its rope block) */
+  /* v11: [2 stages][m, top][64] float, the reference max and the largest logit after the
+   * stage's tile (dr = 64: in the P block v11 leaves unused). */
+  l.xm = dr ? l.p : l.p + 2u * W_KB_BYTES;
+  l.red = dr ? l.p + W_KB_BYTES : l.xm + 1024u; /* [2][64] float */
   l.rowmax = l.red + 2u * 64u * 4u; /* [64] float: the max each row's sum is relative to */
   l.rowtop = l.rowmax + 64u * 4u; /* [64] float: each row's largest logit (max_logit) */
-  l.mask = l.rowtop + 64u * 4u;  /* [4][64] uint8 (not with SMLA_FWD90_WS; v7: [2] flags) */
-  l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2] (SMLA_FWD90_WS) */
-  l.total = l.bar + 4u * 8u;
+  l.mask = l.rowtop + 64u * 4u;  /* [4][64] uint8 (not with SMLA_FWD90_WS; v7: [2] flags
+                                    at 0; v11: [2] uint64 used-entry masks at 64) */
+  l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], (v11) pready[2] */
+  l.total = l.bar + 6u * 8u;
   return l;
 }
 
@@ -221,6 +226,201 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
   }
 }
 
+/* ---- v11: the relay (SMLA_FWD90_RELAY; docs/design/cuda-sm90-forward.md) ----------------
+ * Tile j belongs to compute warpgroup j % 2, which computes its whole S (m64n64k16: Q read
+ * once a tile), its softmax and P, and adds P V to its own 256 output columns from registers
+ * (RS); the other warpgroup adds the same P, from the stage's P block, times V to its
+ * columns (SS). Each warpgroup alternates between a tile of its own and one of the other's:
+ *   OWN(j):   wait for the PV before and release its part of that stage | wait for tile j
+ *             | S(j) | softmax from m(j-1): m(j) and P(j), P(j) to the P block, m(j) to xm,
+ *             arrive on pready | O *= alpha where a row moved | O += P(j) V(j) (RS)
+ *   CROSS(j): wait for the PV before and release its part of that stage | wait on pready
+ *             | O and l rescaled to m(j) where a row moved | O += P(j) V(j) (SS)
+ * The reference max (and the largest logit, for max_logit) runs one way from tile to tile,
+ * so each warpgroup's softmax runs while the other's S and PVs use the tensor cores, and
+ * every row has the same reference in both warpgroups after each tile. A stage is released
+ * by 8 warp arrivals, each as soon as that warp's PV of the tile has completed, and is
+ * refilled with tile j + 2: the gathers keep v7's one tile of look-ahead (v8's pairs held
+ * both stages). The used-entry bits come from the gather warpgroup (a 64-bit word a stage,
+ * published with the tile), so the compute warps load no slot. */
+#ifndef SMLA_FWD90_RELAY
+#define SMLA_FWD90_RELAY 0 /* 1: the EARLY instance is v11; 2: every launch is */
+#endif
+
+__device__ __forceinline__ void w11_pin_o(float O[2][64]) {
+#pragma unroll
+  for (int h = 0; h < 2; h++)
+#pragma unroll
+    for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
+}
+
+__device__ __forceinline__ void w11_scale_o(float O[2][64], const float f[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; h++)
+#pragma unroll
+    for (int i = 0; i < 64; i++) O[h][i] *= f[(i >> 1) & 1];
+}
+
+/* O[:, 256 wg + ...] += P V of the stage at kvb, P from registers: pa[4k..4k+3] is this
+ * thread's A fragment of k-step k (the accumulator layout of S, packed to bf16 pairs). */
+__device__ __forceinline__ void w11_pv_rs(float O[2][64], const uint32_t pa[16], uint32_t kvb,
+                                          int wg) {
+  w11_pin_o(O);
+  wg_fence();
+#pragma unroll
+  for (int k = 0; k < 4; k++)
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+      wgmma_m64n128k16_rs_tb(O[h], pa + 4 * k,
+                             wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * W_KB_BYTES + k * 16 * 128),
+                                     W_KB_BYTES, 1024));
+  wg_commit();
+}
+
+/* O[:, 256 wg + ...] += P V of the stage at kvb, P from the [64][64] block at p_s. */
+__device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t kvb, int wg) {
+  w11_pin_o(O);
+  wg_fence();
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const uint64_t da = wg_desc(p_s + k * 32, 16, 1024);
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+      wgmma_m64n128k16_ss_tb(O[h], da,
+                             wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * W_KB_BYTES + k * 16 * 128),
+                                     W_KB_BYTES, 1024));
+  }
+  wg_commit();
+}
+
+/* One compute warpgroup's tiles: O (its 256 columns), m_run, l_run (its own tiles' share of
+ * the row sums) and m_top as the v3 loop leaves them; both warpgroups end at the same m_run
+ * and m_top. */
+template <int DR>
+__device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles, uint8_t *smem,
+                                         uint32_t sbase, const w_layout &L, int wg,
+                                         float O[2][64], float m_run[2], float l_run[2],
+                                         float m_top[2]) {
+  constexpr int KB = (512 + DR) / 64;
+  constexpr uint32_t TILE = KB * W_KB_BYTES;
+  const float NEG_INF = -INFINITY;
+  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
+  const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
+  const uint32_t kv_s = sbase + L.kv;
+  uint32_t q_s = sbase + L.q;
+  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, pready_b = full_b + 32u;
+  const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask + 64);
+  float s[32];
+  uint32_t pa[16];
+#pragma unroll
+  for (int i = 0; i < 16; i++) pa[i] = 0u;
+#pragma unroll 1
+  for (int j = 0; j < ntiles; j++) {
+    const uint32_t st = (uint32_t)(j & 1), par = (uint32_t)((j >> 1) & 1);
+    const uint32_t kvb = kv_s + st * TILE;
+    const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
+    float *xmj = (float *)(smem + L.xm) + st * 128u; /* [m, top][64] after tile j */
+    /* The PV of tile j-1 (this warpgroup's part; RS: pa was read until here) is done. */
+    wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+    w11_pin_o(O);
+    if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
+    if ((j & 1) != wg) { /* CROSS(j) */
+      mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
+      fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
+      float f[2];
+      bool moved = false;
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const int row = r0 + 8 * hh;
+        const float mj = xmj[row];
+        m_top[hh] = xmj[64 + row];
+        moved |= !(mj == m_run[hh]); /* NaN moves */
+        const float use = mj == NEG_INF ? 0.0f : mj;
+        f[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
+        l_run[hh] *= f[hh];
+        m_run[hh] = mj;
+      }
+      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
+      w11_pv_ss(O, pblk, kvb, wg);
+      continue;
+    }
+    /* OWN(j) */
+    mbar_wait(full_b + 8u * st, par); /* tile j (and Q) */
+    fence_proxy_async();
+    const uint64_t um = umask[st] >> (2 * tig); /* bit 8 n + e: column 8 n + 2 tig + e used */
+    asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) wg_pin(s[i]);
+    wg_fence();
+#pragma unroll
+    for (int kb = 0; kb < KB; kb++)
+#pragma unroll
+      for (int k4 = 0; k4 < 4; k4++)
+        wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
+                           wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
+    wg_commit();
+    wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; i++) wg_pin(s[i]);
+
+    float tmax[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float v = s[4 * n + e] * a.logit_scale;
+        if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
+        v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
+        s[4 * n + e] = v;
+        tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
+      }
+    float alpha[2], mls[2], lsum[2] = {0.0f, 0.0f};
+    bool moved = false;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
+      tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
+      m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
+      float m_new = fmax_nan(m_run[hh], tmax[hh]); /* NaN: out, lse, max NaN */
+      /* Lazy (v10): the reference stays while the max grew by at most W_TAU. */
+      if (W_TAU > 0.0f && m_new - m_run[hh] <= W_TAU) m_new = m_run[hh];
+      else moved = true;
+      const float use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
+      alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
+      m_run[hh] = m_new;
+      mls[hh] = use * FWD_LOG2E;
+    }
+    uint8_t *pb = smem + (pblk - sbase);
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
+        const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
+        lsum[hh] += p0 + p1;
+        pa[2 * n + hh] = pack_bf16x2(p0, p1);
+        *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
+      }
+    if (tig == 0)
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) xmj[r0 + 8 * hh] = m_run[hh], xmj[64 + r0 + 8 * hh] = m_top[hh];
+    fence_proxy_async(); /* P visible to the other warpgroup's wgmma */
+    mbar_arrive(pready_b + 8u * st);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
+    if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
+    w11_pv_rs(O, pa, kvb, wg);
+  }
+  wg_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+  w11_pin_o(O);
+}
+
 template <int DR, bool EARLY>
 __global__ void __launch_bounds__(W_BLOCK, 1)
     fwd90_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
@@ -231,6 +431,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #endif
   constexpr int KB = DQK / 64;  /* 8 KB column blocks per row stack */
   constexpr uint32_t TILE = KB * W_KB_BYTES;
+  constexpr bool RELAY = SMLA_FWD90_WS && (SMLA_FWD90_RELAY == 2 || (SMLA_FWD90_RELAY == 1 && EARLY));
   const float NEG_INF = -INFINITY;
 
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -273,8 +474,10 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
    * the join runs at the gather warpgroup's register count. */
   const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u;
   if (tid == 0) {
-    mbar_init(full_b, 128), mbar_init(full_b + 8u, 128); /* the gather threads */
+    /* The gather threads (v11: and one more arrival a gather warp, its mask bits). */
+    mbar_init(full_b, RELAY ? 132 : 128), mbar_init(full_b + 8u, RELAY ? 132 : 128);
     mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);   /* the compute warps */
+    if (RELAY) mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128); /* pready */
   }
   __syncthreads();
   if (tid >= W_THREADS) {
@@ -304,6 +507,14 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         unsigned nb = 0;
         const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
         bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
+        if (RELAY) { /* bits 16 pw..16 pw + 15 of the stage's used-entry word */
+          const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & 0xffffu;
+          if (lane == 0) {
+            *(volatile uint16_t *)(smem + L.mask + 64u + 8u * st + 2u * (uint32_t)pw) =
+                (uint16_t)bits;
+            mbar_arrive(full_b + 8u * st);
+          }
+        }
         const uint32_t base = kv_s + st * TILE;
 #pragma unroll 1
         for (int rg = 0; rg < 4; rg++) {
@@ -338,6 +549,13 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f}, m_top[2] = {NEG_INF, NEG_INF};
 
   if (ntiles > 0) {
+#if SMLA_FWD90_WS
+    if (RELAY) {
+      PROBE_STAMP(1);
+      w11_loop<DR>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top);
+    } else
+#endif
+    {
 #if !SMLA_FWD90_WS
     /* Q rows (heads h0..h0+63), zero past N. Joins the first cp.async group. */
     for (int idx = tid; idx < W_HEADS * QCH; idx += W_THREADS) {
@@ -624,6 +842,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #undef W_MASK_NEXT
 #undef W_UMASK
 #endif
+    } /* !RELAY */
     W_PHASE(3);
     PROBE_STAMP(2);
     /* The combine kernel (a programmatic dependent, smla_cuda_merge_args.pdl) may be
