@@ -50,8 +50,9 @@ def main():
             launches.append({"kind": e[0], "ev": [e]})
     for L in launches:
         L["start"] = min(x[4][0] for x in L["ev"])
-        L["end"] = max(x[4][7 if L["kind"] == 10 else 6] for x in L["ev"])
-    names = {0: "forward", 1: "forward+merge", 2: "merge4", 3: "merge3", 10: "sm90 forward"}
+        L["end"] = max(x[4][7 if L["kind"] in (10, 11) else 6] for x in L["ev"])
+    names = {0: "forward", 1: "forward+merge", 2: "merge4", 3: "merge3", 10: "sm90 forward",
+             11: "sm90 v11 forward"}
     print(f"{len(ev)} events, {len(launches)} launches")
     for k in sorted({L["kind"] for L in launches}):
         ls = [L for L in launches if L["kind"] == k]
@@ -59,14 +60,16 @@ def main():
         span = [L["end"] - L["start"] for L in ls]
         print(f"{names.get(k, k)}: {len(ls)} launches, span (first entry to last end) "
               f"median {med(span) / 1e3:.2f} us")
-        if k == 10:
+        if k in (10, 11):
             tiles = med([x[3] for x in es])
             print(f"  tiles a block (median) {tiles}")
             for a, b, what in ((0, 1, "entry -> tile 0 landed"), (1, 2, "-> tile loop done"),
                                (2, 7, "-> epilogue done")):
                 print(f"  {what:26s} {med([x[4][b] - x[4][a] for x in es]) / 1e3:6.2f} us")
             for i, what in enumerate(("softmax -> row-max rendezvous", "-> P rendezvous",
-                                      "PV issued, waited", "rest (full wait, S)")):
+                                      "PV issued, waited", "rest (full wait, S)") if k == 10 else
+                                     ("wait for the PV before", "full / pready wait",
+                                      "S issued, waited (own)", "softmax, P, PV issued")):
                 per = med([x[4][3 + i] / max(x[3], 1) for x in es])
                 print(f"  per tile: {what:30s} {per / 1e3:6.3f} us")
         elif k in (0, 1):
@@ -88,7 +91,7 @@ def main():
         gaps.setdefault(key, []).append(b["start"] - a["end"])
     for key, xs in gaps.items():
         print(f"{key:40s} median {med(xs) / 1e3:6.2f} us ({len(xs)})")
-    fw = [L["start"] for L in launches if L["kind"] in (0, 1, 10)]
+    fw = [L["start"] for L in launches if L["kind"] in (0, 1, 10, 11)]
     per = [b - a for a, b in zip(fw, fw[1:]) if b - a < 200000]
     print(f"forward entry to next forward entry: median {med(per) / 1e3:.2f} us ({len(per)})")
 

@@ -296,11 +296,32 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
 /* One compute warpgroup's tiles: O (its 256 columns), m_run, l_run (its own tiles' share of
  * the row sums) and m_top as the v3 loop leaves them; both warpgroups end at the same m_run
  * and m_top. */
+/* A probe build (kind 11) sums compute thread 0's time over its tiles in pt[3..6]: the
+ * wait for the PV before, the wait on full (own tile) or pready (the other's), S issued and
+ * waited for (own), the rest (softmax, P published, PV issued; or the rescale and PV). */
+#if SMLA_PROBE
+#define W11_PHASE(k_)                                                                      \
+  do {                                                                                     \
+    if (threadIdx.x == 0) {                                                                \
+      const unsigned long long n_ = probe_now();                                           \
+      pt[3 + (k_)] += n_ - plast;                                                          \
+      plast = n_;                                                                          \
+    }                                                                                      \
+  } while (0)
+#define W11_PROBE_ARGS , unsigned long long *pt
+#else
+#define W11_PHASE(k_)
+#define W11_PROBE_ARGS
+#endif
+
 template <int DR>
 __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles, uint8_t *smem,
                                          uint32_t sbase, const w_layout &L, int wg,
                                          float O[2][64], float m_run[2], float l_run[2],
-                                         float m_top[2]) {
+                                         float m_top[2] W11_PROBE_ARGS) {
+#if SMLA_PROBE
+  unsigned long long plast = probe_now();
+#endif
   constexpr int KB = (512 + DR) / 64;
   constexpr uint32_t TILE = KB * W_KB_BYTES;
   const float NEG_INF = -INFINITY;
@@ -326,8 +347,10 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
     w11_pin_o(O);
     if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
+    W11_PHASE(0);
     if ((j & 1) != wg) { /* CROSS(j) */
       mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
+      W11_PHASE(1);
       fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
       float f[2];
       bool moved = false;
@@ -344,10 +367,12 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
       }
       if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
       w11_pv_ss(O, pblk, kvb, wg);
+      W11_PHASE(3);
       continue;
     }
     /* OWN(j) */
     mbar_wait(full_b + 8u * st, par); /* tile j (and Q) */
+    W11_PHASE(1);
     fence_proxy_async();
     const uint64_t um = umask[st] >> (2 * tig); /* bit 8 n + e: column 8 n + 2 tig + e used */
     asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
@@ -366,6 +391,7 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; i++) wg_pin(s[i]);
+    W11_PHASE(2);
 
     float tmax[2] = {NEG_INF, NEG_INF};
 #pragma unroll
@@ -414,6 +440,7 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
     if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
     w11_pv_rs(O, pa, kvb, wg);
+    W11_PHASE(3);
   }
   wg_wait<0>();
 #pragma unroll
@@ -552,7 +579,11 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #if SMLA_FWD90_WS
     if (RELAY) {
       PROBE_STAMP(1);
-      w11_loop<DR>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top);
+      w11_loop<DR>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top
+#if SMLA_PROBE
+                   , probe_t_
+#endif
+      );
     } else
 #endif
     {
@@ -843,7 +874,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #undef W_UMASK
 #endif
     } /* !RELAY */
-    W_PHASE(3);
+    if (!RELAY) W_PHASE(3);
     PROBE_STAMP(2);
     /* The combine kernel (a programmatic dependent, smla_cuda_merge_args.pdl) may be
      * scheduled from here on; it waits for this grid's completion before it reads. */
@@ -975,7 +1006,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     }
   }
   PROBE_STAMP(7);
-  PROBE_PUT(10, ntiles);
+  PROBE_PUT(RELAY ? 11 : 10, ntiles);
   } /* compute warps */
 #undef W_SYNC
 
