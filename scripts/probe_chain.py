@@ -60,16 +60,23 @@ def main():
         span = [L["end"] - L["start"] for L in ls]
         print(f"{names.get(k, k)}: {len(ls)} launches, span (first entry to last end) "
               f"median {med(span) / 1e3:.2f} us")
-        if k in (10, 11):
+        if k == 11:  # v11: t1..t6 are phase sums over the tiles
+            tiles = med([x[3] for x in es])
+            print(f"  tiles a block (median) {tiles}")
+            print(f"  entry -> end               {med([x[4][7] - x[4][0] for x in es]) / 1e3:6.2f} us")
+            for i, what in enumerate(("wait for the PV before", "full / pready wait",
+                                      "S issued, waited (own)", "logits, max, exp (own)",
+                                      "P, m stored, published (own)", "rescale, PV issued")):
+                per = med([x[4][1 + i] / max(x[3], 1) for x in es])
+                print(f"  per tile: {what:30s} {per / 1e3:6.3f} us")
+        elif k == 10:
             tiles = med([x[3] for x in es])
             print(f"  tiles a block (median) {tiles}")
             for a, b, what in ((0, 1, "entry -> tile 0 landed"), (1, 2, "-> tile loop done"),
                                (2, 7, "-> epilogue done")):
                 print(f"  {what:26s} {med([x[4][b] - x[4][a] for x in es]) / 1e3:6.2f} us")
             for i, what in enumerate(("softmax -> row-max rendezvous", "-> P rendezvous",
-                                      "PV issued, waited", "rest (full wait, S)") if k == 10 else
-                                     ("wait for the PV before", "full / pready wait",
-                                      "S issued, waited (own)", "softmax, P, PV issued")):
+                                      "PV issued, waited", "rest (full wait, S)")):
                 per = med([x[4][3 + i] / max(x[3], 1) for x in es])
                 print(f"  per tile: {what:30s} {per / 1e3:6.3f} us")
         elif k in (0, 1):

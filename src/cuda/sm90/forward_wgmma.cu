@@ -296,15 +296,16 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
 /* One compute warpgroup's tiles: O (its 256 columns), m_run, l_run (its own tiles' share of
  * the row sums) and m_top as the v3 loop leaves them; both warpgroups end at the same m_run
  * and m_top. */
-/* A probe build (kind 11) sums compute thread 0's time over its tiles in pt[3..6]: the
- * wait for the PV before, the wait on full (own tile) or pready (the other's), S issued and
- * waited for (own), the rest (softmax, P published, PV issued; or the rescale and PV). */
+/* A probe build (kind 11) sums compute thread 0's time over its tiles in pt[1..6]: 1 the
+ * wait for the PV before, 2 the wait on full (own tile) or pready (the other's), 3 S issued
+ * and waited for, 4 the logits, row max and exponentials, 5 P and m stored and published,
+ * 6 l and O rescaled and the PV issued (own and the other's tiles). */
 #if SMLA_PROBE
 #define W11_PHASE(k_)                                                                      \
   do {                                                                                     \
     if (threadIdx.x == 0) {                                                                \
       const unsigned long long n_ = probe_now();                                           \
-      pt[3 + (k_)] += n_ - plast;                                                          \
+      pt[(k_)] += n_ - plast;                                                              \
       plast = n_;                                                                          \
     }                                                                                      \
   } while (0)
@@ -347,10 +348,10 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
     w11_pin_o(O);
     if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
-    W11_PHASE(0);
+    W11_PHASE(1);
     if ((j & 1) != wg) { /* CROSS(j) */
       mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
-      W11_PHASE(1);
+      W11_PHASE(2);
       fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
       float f[2];
       bool moved = false;
@@ -367,12 +368,12 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
       }
       if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
       w11_pv_ss(O, pblk, kvb, wg);
-      W11_PHASE(3);
+      W11_PHASE(6);
       continue;
     }
     /* OWN(j) */
     mbar_wait(full_b + 8u * st, par); /* tile j (and Q) */
-    W11_PHASE(1);
+    W11_PHASE(2);
     fence_proxy_async();
     const uint64_t um = umask[st] >> (2 * tig); /* bit 8 n + e: column 8 n + 2 tig + e used */
     asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
@@ -391,7 +392,7 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; i++) wg_pin(s[i]);
-    W11_PHASE(2);
+    W11_PHASE(3);
 
     float tmax[2] = {NEG_INF, NEG_INF};
 #pragma unroll
@@ -420,7 +421,6 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
       m_run[hh] = m_new;
       mls[hh] = use * FWD_LOG2E;
     }
-    uint8_t *pb = smem + (pblk - sbase);
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -429,8 +429,18 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
         const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
         lsum[hh] += p0 + p1;
         pa[2 * n + hh] = pack_bf16x2(p0, p1);
-        *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
       }
+#if SMLA_PROBE
+#pragma unroll
+    for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+#endif
+    W11_PHASE(4);
+    uint8_t *pb = smem + (pblk - sbase);
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++)
+        *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
     if (tig == 0)
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) xmj[r0 + 8 * hh] = m_run[hh], xmj[64 + r0 + 8 * hh] = m_top[hh];
@@ -438,11 +448,12 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     /* One arrival a warp (128 arrivals on one mbarrier measured ~1 us a tile). */
     __syncwarp();
     if (lane == 0) mbar_arrive(pready_b + 8u * st);
+    W11_PHASE(5);
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
     if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
     w11_pv_rs(O, pa, kvb, wg);
-    W11_PHASE(3);
+    W11_PHASE(6);
   }
   wg_wait<0>();
 #pragma unroll
@@ -580,7 +591,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   if (ntiles > 0) {
 #if SMLA_FWD90_WS
     if (RELAY) {
-      PROBE_STAMP(1);
       w11_loop<DR>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top
 #if SMLA_PROBE
                    , probe_t_
@@ -876,8 +886,10 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #undef W_UMASK
 #endif
     } /* !RELAY */
-    if (!RELAY) W_PHASE(3);
-    PROBE_STAMP(2);
+    if (!RELAY) {
+      W_PHASE(3);
+      PROBE_STAMP(2);
+    }
     /* The combine kernel (a programmatic dependent, smla_cuda_merge_args.pdl) may be
      * scheduled from here on; it waits for this grid's completion before it reads. */
     griddep_launch_dependents();
