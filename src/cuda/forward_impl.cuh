@@ -541,6 +541,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
 #pragma unroll
         for (int mi = 0; mi < SMT; mi++) {
           tmax[mi][0] = tmax[mi][1] = NEG_INF;
+          fwd_scale_logits<NTS * 4>(&sacc[mi][0][0], a.logit_scale, a.softcap);
 #pragma unroll
           for (int nt = 0; nt < NTS; nt++)
 #pragma unroll
@@ -548,8 +549,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
               const bool u = mk[wn * 8 * NTS + nt * 8 + 2 * tig + e] != 0;
 #pragma unroll
               for (int hh = 0; hh < 2; hh++) {
-                float v = sacc[mi][nt][2 * hh + e] * a.logit_scale;
-                if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
+                float v = sacc[mi][nt][2 * hh + e];
                 v = u ? v : NEG_INF;
                 sacc[mi][nt][2 * hh + e] = v;
                 tmax[mi][hh] = fmax_nan(tmax[mi][hh], v); /* a NaN logit poisons the row */

@@ -395,12 +395,12 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     W11_PHASE(3);
 
     float tmax[2] = {NEG_INF, NEG_INF};
+    fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        float v = s[4 * n + e] * a.logit_scale;
-        if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
+        float v = s[4 * n + e];
         v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
         s[4 * n + e] = v;
         tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
@@ -747,12 +747,12 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #define W_USED(nb, e) mk[wg * 32 + (nb) * 8 + 2 * tig + ((e) & 1)] /* the S column */
 #endif
       float tmax[2] = {NEG_INF, NEG_INF};
+      fwd_scale_logits<16>(s, a.logit_scale, a.softcap);
 #pragma unroll
       for (int nb = 0; nb < 4; nb++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-          float v = s[4 * nb + e] * a.logit_scale;
-          if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
+          float v = s[4 * nb + e];
           v = W_USED(nb, e) ? v : NEG_INF;
           s[4 * nb + e] = v;
           tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
