@@ -182,18 +182,31 @@ MUTANTS = [
       "generic kernel (BF16 and FP8_TENSOR caches) leaves the rope columns out of S",
       "forward"),
     M("gpu_sm90_dropped_rope", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "_Pragma(\"unroll\") for (int kb_ = 0; kb_ < KB; kb_++)",
-      "_Pragma(\"unroll\") for (int kb_ = 0; kb_ < KB - DR / 64; kb_++)",
-      "sm90 wgmma kernel leaves the rope block out of S", "forward"),
+      "    for (int kb = 0; kb < KB; kb++)\n#pragma unroll\n      for (int k4 = 0; k4 < 4; k4++)\n"
+      "        wgmma_m64n64k16_ss",
+      "    for (int kb = 0; kb < KB - DR / 64; kb++)\n#pragma unroll\n      for (int k4 = 0; k4 < 4; k4++)\n"
+      "        wgmma_m64n64k16_ss",
+      "sm90 wgmma kernel (v11) leaves the rope block out of S", "forward"),
     M("gpu_sm90_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "        alpha[hh] = ex2_approx((m_run[hh] - m_use) * FWD_LOG2E);\n"
-      "        m_run[hh] = m_new;\n        mls[hh] = m_use * FWD_LOG2E;\n      }\n#pragma unroll\n"
-      "      for (int nb = 0; nb < 4; nb++)",
-      "        alpha[hh] = m_run[hh] == NEG_INF ? 0.0f : 1.0f;\n"
-      "        m_run[hh] = m_new;\n        mls[hh] = m_use * FWD_LOG2E;\n      }\n#pragma unroll\n"
-      "      for (int nb = 0; nb < 4; nb++)",
-      "sm90 kernel's online softmax never rescales the running output when the max grows",
-      "forward"),
+      "      alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);",
+      "      alpha[hh] = m_run[hh] == NEG_INF ? 0.0f : 1.0f;",
+      "sm90 kernel (v11): a tile's own softmax never rescales the running output and sum "
+      "when the max grows", "forward,wide"),
+    M("gpu_relay_cross_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "        f[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);",
+      "        f[hh] = m_run[hh] == NEG_INF ? 0.0f : 1.0f;",
+      "sm90 v11: the warpgroup that adds the other's tile keeps its output and sum at the "
+      "old reference max", "forward,wide"),
+    M("gpu_relay_top_lost", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "        m_top[hh] = xmj[64 + row];",
+      "",
+      "sm90 v11: the largest logit of the other warpgroup's tiles is not passed on "
+      "(max_logit misses half the tiles)", "wide,forward_N_64,forward_N_96"),
+    M("gpu_relay_mask_shift", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "const uint64_t um = umask[st] >> (2 * tig);",
+      "const uint64_t um = umask[st] >> tig;",
+      "sm90 v11: each thread reads the used-entry bits of the wrong columns",
+      "forward,wide"),
     M("gpu_cluster_merge_sink", "gpu", "src/cuda/sm90/forward_wgmma.cu",
       "return part_weight(m_own, l_own, M) * row_out_factor(a.sink, head, M, L, a.value_scale);",
       "return part_weight(m_own, l_own, M) * row_out_factor(NULL, head, M, L, a.value_scale);",

@@ -610,8 +610,13 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
     }
   }
   device_leave(ctx, prev);
-  char early[64] = "";
-  if (sm90 && smla_cuda_fwd90_early_min_tiles() > 0)
+  char early[80] = "";
+  const int relay = sm90 ? smla_cuda_fwd90_relay_min_tiles() : 0;
+  if (relay == 1)
+    snprintf(early, sizeof early, ", tile loop v11 (relay)");
+  else if (relay > 1)
+    snprintf(early, sizeof early, ", tile loop v11 (relay) from %d tiles a split", relay);
+  else if (sm90 && smla_cuda_fwd90_early_min_tiles() > 0)
     snprintf(early, sizeof early, ", S behind PV from %d tiles a split",
              smla_cuda_fwd90_early_min_tiles());
   char merge[128] = "";

@@ -243,8 +243,13 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
  * refilled with tile j + 2: the gathers keep v7's one tile of look-ahead (v8's pairs held
  * both stages). The used-entry bits come from the gather warpgroup (a 64-bit word a stage,
  * published with the tile), so the compute warps load no slot. */
+/* SMLA_FWD90_RELAY: 2 (the default since session 13) runs v11 at every tile count; 1 v11
+ * from W_EARLY_MIN_TILES tiles a split and v3 below; 0 builds v3 / v7 alone (for A/B).
+ * Measured against v3 / v7 (H100, bench/RESULTS.md session 13 run 5): N=128 T=1024
+ * 1379-1416 -> 1207-1214 us cold, T=64 97.4 -> 83.9-84.4, T=16 41.8-42.1 -> 39.4,
+ * N=64 T=1024 827 -> 790, T=1 equal. */
 #ifndef SMLA_FWD90_RELAY
-#define SMLA_FWD90_RELAY 0 /* 1: the EARLY instance is v11; 2: every launch is */
+#define SMLA_FWD90_RELAY 2
 #endif
 
 __device__ __forceinline__ void w11_pin_o(float O[2][64]) {
@@ -1066,7 +1071,12 @@ static cudaLaunchConfig_t w_config(unsigned blocks, uint32_t smem, int cluster, 
 }
 
 extern "C" int smla_cuda_fwd90_early_min_tiles(void) {
-  return SMLA_FWD90_WS ? W_EARLY_MIN_TILES : 0;
+  return SMLA_FWD90_WS && SMLA_FWD90_RELAY == 0 ? W_EARLY_MIN_TILES : 0;
+}
+
+extern "C" int smla_cuda_fwd90_relay_min_tiles(void) {
+  if (!SMLA_FWD90_WS) return 0;
+  return SMLA_FWD90_RELAY == 2 ? 1 : SMLA_FWD90_RELAY == 1 ? W_EARLY_MIN_TILES : 0;
 }
 
 extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int splits, int *clusters) {
