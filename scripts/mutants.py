@@ -193,10 +193,10 @@ MUTANTS = [
       "sm90 kernel (v11): a tile's own softmax never rescales the running output and sum "
       "when the max grows", "forward,wide"),
     M("gpu_relay_cross_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "        f[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);",
-      "        f[hh] = m_run[hh] == NEG_INF ? 0.0f : 1.0f;",
-      "sm90 v11: the warpgroup that adds the other's tile keeps its output and sum at the "
-      "old reference max", "forward,wide"),
+      "      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);\n      w11_pv_ss(",
+      "      w11_pv_ss(",
+      "sm90 v11: the warpgroup that adds the other's tile keeps its output at the old "
+      "reference max", "forward,wide"),
     M("gpu_relay_top_lost", "gpu", "src/cuda/sm90/forward_wgmma.cu",
       "        m_top[hh] = xmj[64 + row];",
       "",

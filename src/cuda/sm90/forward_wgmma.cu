@@ -450,9 +450,10 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) xmj[r0 + 8 * hh] = m_run[hh], xmj[64 + r0 + 8 * hh] = m_top[hh];
     fence_proxy_async(); /* P visible to the other warpgroup's wgmma */
-    /* One arrival a warp (128 arrivals on one mbarrier measured ~1 us a tile). */
-    __syncwarp();
-    if (lane == 0) mbar_arrive(pready_b + 8u * st);
+    /* Every thread arrives for its own P and xm stores (one arrival a warp after
+     * __syncwarp measured the same, bench/RESULTS.md session 13 run 3, and racecheck,
+     * which does not order the other lanes' stores before lane 0's arrival, flagged it). */
+    mbar_arrive(pready_b + 8u * st);
     W11_PHASE(5);
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
@@ -522,7 +523,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     /* The gather threads (v11: and one more arrival a gather warp, its mask bits). */
     mbar_init(full_b, RELAY ? 132 : 128), mbar_init(full_b + 8u, RELAY ? 132 : 128);
     mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);   /* the compute warps */
-    if (RELAY) mbar_init(full_b + 32u, 4), mbar_init(full_b + 40u, 4); /* pready: 4 warps */
+    if (RELAY) mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128); /* pready */
   }
   __syncthreads();
   if (tid >= W_THREADS) {
