@@ -328,17 +328,25 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
 
   if (ntiles > 0) {
     const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
+    /* Two tiles ahead (one for the fp8 formats: their 64-head instance has no register
+     * to spare: 28 bytes of spills with two). SMLA_FWD_SLOTS_FIRST (prepared in session
+     * 13, not yet measured; default 0): the slots' loads go out before Q's copies, so that
+     * their round trip, which tile 0's gathers wait on, runs under the Q issue (~40
+     * instructions a copy; in the default order the loads wait behind them, the copies'
+     * "memory" clobber keeping the compiler from hoisting them). */
+#ifndef SMLA_FWD_SLOTS_FIRST
+#define SMLA_FWD_SLOTS_FIRST 0
+#endif
+    constexpr bool PIPE_DEEP = FMT == FMT_BF16;
+    slot_pipe spipe;
+    if (SMLA_FWD_SLOTS_FIRST) spipe = slot_pipe_start(a, req, slot_row, ks, kend, lr);
     /* Q rows (heads h0..h0+M-1), zero past N. Joins the first cp.async group. */
     for (int idx = tid; idx < M * QCH; idx += FWD_THREADS) {
       const int row = idx / QCH, c = idx - row * QCH, head = h0 + row;
       cp_async_16(q_s + swz(row, c, ROWB), q_chunk_src(a, t, head, c),
                   head < a.num_heads ? 16 : 0);
     }
-
-    /* Two tiles ahead (one for the fp8 formats: their 64-head instance has no register
-     * to spare: 28 bytes of spills with two). */
-    constexpr bool PIPE_DEEP = FMT == FMT_BF16;
-    slot_pipe spipe = slot_pipe_start(a, req, slot_row, ks, kend, lr);
+    if (!SMLA_FWD_SLOTS_FIRST) spipe = slot_pipe_start(a, req, slot_row, ks, kend, lr);
 
     /* Gathers tile j's row lr (this thread's quarter) into a bf16 KV buffer or a raw one. */
 #define ISSUE_TILE(j, dst_row)                                                              \
