@@ -610,15 +610,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
     }
   }
   device_leave(ctx, prev);
-  char early[80] = "";
-  const int relay = sm90 ? smla_cuda_fwd90_relay_min_tiles() : 0;
-  if (relay == 1)
-    snprintf(early, sizeof early, ", tile loop v11 (relay)");
-  else if (relay > 1)
-    snprintf(early, sizeof early, ", tile loop v11 (relay) from %d tiles a split", relay);
-  else if (sm90 && smla_cuda_fwd90_early_min_tiles() > 0)
-    snprintf(early, sizeof early, ", S behind PV from %d tiles a split",
-             smla_cuda_fwd90_early_min_tiles());
+  const char *loop = sm90 ? ", tile loop v11 (relay)" : "";
   char merge[128] = "";
   if (merge_lo) {
     int n = snprintf(merge, sizeof merge, "; in-kernel merge for %d-%d splits (resident "
@@ -678,7 +670,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
            sm90 ? "cuda-sm90" : "cuda-generic", format_name(d->format), d->dr,
            plan->heads_per_block, c.groups,
            d->format == SMLA_CACHE_BF16 ? "kv stages" : "fp8 staging", pipe,
-           (unsigned)((sm90 ? smem90 : L.total) / 1024), sm90 ? "wgmma" : "mma.sync", early,
+           (unsigned)((sm90 ? smem90 : L.total) / 1024), sm90 ? "wgmma" : "mma.sync", loop,
            plan->forward_pdl ? ", programmatic launch" : "", policy, s_one, m_one,
            (long long)d->max_tokens, s_max, m_max, st->sm_count, (long long)cap, merge);
   return SMLA_OK;

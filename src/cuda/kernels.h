@@ -263,11 +263,6 @@ cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *a, void *st
 /* How many clusters of `splits` blocks of the sm90 forward can be resident at once (0: a
  * cluster of that size cannot run). Call after smla_cuda_fwd90_prepare. */
 cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int splits, int *clusters);
-/* Tiles of 64 entries a split from which a launch takes v7 (S(j+1) behind PV(j); 0: never). */
-int smla_cuda_fwd90_early_min_tiles(void);
-/* Tiles of 64 entries a split from which a launch takes v11, the relay (1: every launch;
- * 0: never). */
-int smla_cuda_fwd90_relay_min_tiles(void);
 
 #ifdef __cplusplus
 }

@@ -1,39 +1,32 @@
 /*
  * forward_wgmma.cu: the Hopper (sm_90a) sparse-MLA forward for BF16 caches and 64 heads
- * per block (SPEC §3), tensor cores through wgmma with both operands in shared memory.
- * Design, napkin math and measured versions: docs/design/cuda-sm90-forward.md.
+ * per block (SPEC §3), tensor cores through wgmma with both operands in shared memory (and
+ * P from registers). Design, napkin math and every measured version (v1-v11; v2-v8's code
+ * is in the git history, v3 / v7 last at d2d16d7): docs/design/cuda-sm90-forward.md.
  *
- * Work: one block of two compute warpgroups (256 threads; v3 adds a gather warpgroup,
- * 384 in all) per (row t, group of 64 heads, KV split), the same grid, split policy, partial-state format and combine as the generic
- * kernel (forward_impl.cuh), so the plan can pick either. Per tile of 64 gathered rows:
- *   S[64][64] = Q[64][dqk] K^T     warpgroup w: entries 32w..32w+31, dqk/16 wgmma
- *                                  m64n32k16 (A = Q, B = K rows, both K-major)
- *   online softmax                 row max exchanged between the two warpgroups in shared
- *                                  memory; P (bf16) written to shared memory
- *   O[64][512] += P[64][64] V      warpgroup w: output columns 256w..256w+255, 4 k-steps of
- *                                  2 wgmma m64n128k16 (A = P K-major, B = V MN-major)
- * Every thread of both warpgroups holds the same two rows (heads 16*warp + g, + 8) of S
- * and of O, so the rescale factor of its O rows is the one it computed itself.
+ * Work: one block per (row t, group of 64 heads, KV split), the same grid, split policy,
+ * partial-state format and combine as the generic kernel (forward_impl.cuh), so the plan
+ * can pick either. Three warpgroups (384 threads): a gather warpgroup (setmaxnreg 56)
+ * brings Q and the KV tiles of 64 gathered rows into two stages (cp.async, 8 lanes a
+ * row), publishes each tile's used-entry bits and signals `full`; two compute
+ * warpgroups (setmaxnreg 224) run v11, the relay (w11_loop): tile j belongs to warpgroup
+ * j % 2, which computes
+ *   S[64][64] = Q[64][dqk] K^T     dqk/16 wgmma m64n64k16 (A = Q, B = K rows, K-major)
+ *   the online softmax             from the reference max the other warpgroup passed on
+ *                                  with tile j-1; P (bf16) to registers and to the stage's
+ *                                  P block, the new reference max to xm, arrive on pready
+ *   O[:, own 256] += P V           4 k-steps of 2 wgmma m64n128k16, P from registers
+ * while the other warpgroup adds the same P (from the P block) times V to its 256 output
+ * columns. Each compute warp arrives on the stage's `empty` once its PV of the tile has
+ * completed; the gather warpgroup then refills the stage with tile j + 2.
  *
  * Shared memory (bytes from a 1024-aligned base; every operand in the 128-byte-swizzle
  * layout wgmma reads: a [kb][64 rows][128 B] stack of 8 KB blocks of 64 bf16 columns,
- * 16-byte chunk c of row r stored at chunk c ^ (r % 8)):
- *   Q 9 x 8 KB, KV 2 stages x 9 x 8 KB, P 8 KB, row max/sum exchange, tile masks (v2),
- *   mbarriers (v3). dr = 64: 72 + 144 + 8 + 1 KB = 225 KB (+1 KB alignment slack) of
- *   the 227 KB opt-in.
- * Gathers: cp.async 16-byte copies, two stages deep; a masked entry's row is zero-filled
- * without reading the cache and its logits are -inf, so NaN in unused rows cannot leak in.
- * Per tile j (v2): wait for tile j, barrier (which also ends tile j-1), S(j) issued, tile
- * j+1's gathers issued under it (4 threads per row), softmax (one barrier for the row
- * max), P written, barrier, PV(j) waited for: three barriers per tile.
- * Per tile j (v3): the gather warpgroup waits for stage j % 2 to be free (empty), issues
- * tile j (8 lanes per row, 4 rows per instruction) and arrives on full; the compute
- * warpgroups wait on full, S(j), softmax (named barrier for the row max), P written,
- * named barrier, PV(j), one arrival per warp on empty.
- * Per tile j (v7, the EARLY instance, from 32 tiles a split): as v3, but after PV(j) is
- * issued, if tile j+1 has landed (one thread of the warpgroup tests full and tells the
- * others), S(j+1) is issued behind it and PV(j) waited for after; else PV(j) is waited
- * for and its stage released first, then S(j+1) issued once tile j+1 lands.
+ * 16-byte chunk c of row r stored at chunk c ^ (r % 8)): Q 9 x 8 KB, KV 2 stages x 9 x 8
+ * KB, an 8 KB block (xm; with dr = 0 after two P blocks), row sums, maxima and largest
+ * logits, the used-entry words, mbarriers. dr = 64: 225 KB (+1 KB alignment slack) of the
+ * 227 KB opt-in. A masked entry's row is zero-filled without reading the cache and its
+ * logits are -inf, so NaN in unused rows cannot leak in.
  * Epilogue: the final row (one split), a partial row for the combine kernel, or with
  * a.cluster_merge (2..8 splits as one cluster, v6) the merged row (w_cluster_factor,
  * w_cluster_sum below).
@@ -44,47 +37,12 @@
 
 #include <limits.h>
 
-/* v3, warp-specialized (the default; NVCC_EXTRA=-DSMLA_FWD90_WS=0 builds v2, the loop
- * where all 256 threads gather): a third warpgroup gathers the KV tiles (and Q) with 56
- * registers a thread (setmaxnreg; the compute warpgroups get 224: 56 + 2 x 224 = 3 x 168,
- * the launch's count) and signals them through mbarriers (full[stage]: one
- * cp.async-tracked arrival of each of its 128 threads; empty[stage]: the 8 compute warps
- * after PV), so that the two compute warpgroups issue no cp.async and sync through named
- * barriers of 256 threads only (each compute thread masks its own 8 logits a tile from
- * slots it loads a tile ahead). Predicted: ~15-20% per tile, T=16 N=128 44.9 -> ~38 us;
- * measured 41.4 us, T=64 N=128 114 -> 100 us, T=1024 N=128 1725 -> 1517 us
- * (docs/design/cuda-sm90-forward.md). */
-#ifndef SMLA_FWD90_WS
-#define SMLA_FWD90_WS 1
-#endif
-/* v7 (the kernel's EARLY instance): where tile j+1 has landed when PV(j) is issued, S(j+1)
- * is queued right behind it, before PV(j) is waited for, so that the tensor cores go from
- * one to the other without the wait, the empty arrival and the full wait in between.
- * Measured (bench/RESULTS.md, 2026-12-04): 1.2-6% faster at 32 tiles a block and more
- * (T >= 64, N = 128), 1.2-1.7% slower at 8-16 (T = 16, 32), so the launch takes it from
- * W_EARLY_MIN_TILES tiles a split on (the whole launch: a row shortened by lengths runs
- * it too). Needs the gather warpgroup (SMLA_FWD90_WS).
- * SMLA_FWD90_EARLY_FORCE (a test build): 0 takes the "not landed" branch every tile, 1
- * the "landed" one (waiting for tile j+1 if need be), so that tests reach both. */
-#define W_EARLY_MIN_TILES 32
-#define W_EARLY (SMLA_FWD90_WS && EARLY)
-#ifndef SMLA_FWD90_EARLY_FORCE
-#define SMLA_FWD90_EARLY_FORCE -1
-#endif
-/* SMLA_FWD90_BALLOT_MASK (default 1; 0 builds the earlier per-thread masks for A/B): each
- * compute lane loads one slot a tile instead of 8, and a warp ballot hands the used bits
- * to the 8 lanes that share its columns; fused, each entry is then converted 4 times in a
- * warpgroup instead of 32. Measured (H100, bench/RESULTS.md session 11): the fused step
- * 1.5-1.6x faster (T=64 N=128 166 -> 103 us, T=1024 N=128 2468 -> 1572 us). */
-#ifndef SMLA_FWD90_BALLOT_MASK
-#define SMLA_FWD90_BALLOT_MASK 1
-#endif
-/* SMLA_FWD90_LAZY_RESCALE (v10, default 1; 0 builds v9's rescale every tile): a row's
- * reference max (the one its sum and O are relative to) moves only when the tile's max
- * passes it by more than W_TAU = 8 ln 2, so P <= 2^8 (bf16 P keeps its relative
- * precision; the fp32 sums have room), and a warp rescales its O (128 multiplies a
- * thread) only when one of its rows moved. max_logit comes from a separate running max.
- * The rounding of P and of the sums changes, not their error bounds. */
+/* SMLA_FWD90_LAZY_RESCALE (v10, default 1; 0 rescales at every tile): a row's reference
+ * max (the one its sum and O are relative to) moves only when the tile's max passes it by
+ * more than W_TAU = 8 ln 2, so P <= 2^8 (bf16 P keeps its relative precision; the fp32
+ * sums have room), and a warp rescales its O (128 multiplies a thread) only when one of
+ * its rows moved. max_logit comes from a separate running max (m_top). The rounding of P
+ * and of the sums changes, not their error bounds. */
 #ifndef SMLA_FWD90_LAZY_RESCALE
 #define SMLA_FWD90_LAZY_RESCALE 1
 #endif
@@ -92,28 +50,9 @@
 /* The epilogue stages O in shared memory and stores whole rows (measured against
  * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
 #define W_OST_STRIDE 520
-/* A probe build (NVCC_EXTRA=-DSMLA_PROBE=1, src/cuda/probe.cuh; kind 10): compute thread 0
- * of the first and last block records its entry (t0), tile 0 landed (t1), the loop's end
- * (t2), the end (t7), and per-tile phase times summed over its tiles: t3 softmax to the
- * row-max rendezvous, t4 to the P rendezvous, t5 PV issued and waited for (with S(j+1)
- * queued behind it in the EARLY instance), t6 the rest to the next tile's start (the full
- * wait and S(j) in the v3 order; S(j+1)'s completion in the EARLY one). */
-#if SMLA_PROBE
-#define W_PHASE(k_)                                                                        \
-  do {                                                                                     \
-    if (tid == 0) {                                                                        \
-      const unsigned long long n_ = probe_now();                                           \
-      probe_t_[3 + (k_)] += n_ - probe_last_;                                              \
-      probe_last_ = n_;                                                                    \
-    }                                                                                      \
-  } while (0)
-#else
-#define W_PHASE(k_)
-#endif
 
 #define W_THREADS 256 /* the two compute warpgroups */
-
-#define W_BLOCK (W_THREADS + (SMLA_FWD90_WS ? 128 : 0))
+#define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
 #define W_HEADS 64
 #define W_KB_BYTES 8192 /* one [64 rows][128 B] block of 64 bf16 columns */
 
@@ -126,17 +65,16 @@ __host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
   const uint32_t tile = (uint32_t)((512 + dr) / 64) * W_KB_BYTES;
   l.q = 0;
   l.kv = l.q + tile;
-  l.p = l.kv + 2u * tile; /* v3 / v7: P; v11, dr = 0: P of stage 0, then P of stage 1 (dr =
-                             64: P of a stage goes in its rope block) */
-  /* v11: [2 stages][m, top][64] float, the reference max and the largest logit after the
-   * stage's tile (dr = 64: in the P block v11 leaves unused). */
+  l.p = l.kv + 2u * tile; /* dr = 0: P of stage 0, then P of stage 1 (dr = 64: P of a
+                             stage goes in its rope block, which only S reads) */
+  /* [2 stages][m, top][64] float: the reference max and the largest logit after the
+   * stage's tile (dr = 64: in the 8 KB block at p). */
   l.xm = dr ? l.p : l.p + 2u * W_KB_BYTES;
   l.red = dr ? l.p + W_KB_BYTES : l.xm + 1024u; /* [2][64] float */
   l.rowmax = l.red + 2u * 64u * 4u; /* [64] float: the max each row's sum is relative to */
   l.rowtop = l.rowmax + 64u * 4u; /* [64] float: each row's largest logit (max_logit) */
-  l.mask = l.rowtop + 64u * 4u;  /* [4][64] uint8 (not with SMLA_FWD90_WS; v7: [2] flags
-                                    at 0; v11: [2] uint64 used-entry masks at 64) */
-  l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], (v11) pready[2] */
+  l.mask = l.rowtop + 64u * 4u;  /* at 64: [2] uint64, each stage's used-entry bits */
+  l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], pready[2] */
   l.total = l.bar + 6u * 8u;
   return l;
 }
@@ -226,7 +164,7 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
   }
 }
 
-/* ---- v11: the relay (SMLA_FWD90_RELAY; docs/design/cuda-sm90-forward.md) ----------------
+/* ---- v11: the relay (docs/design/cuda-sm90-forward.md) -----------------------------------
  * Tile j belongs to compute warpgroup j % 2, which computes its whole S (m64n64k16: Q read
  * once a tile), its softmax and P, and adds P V to its own 256 output columns from registers
  * (RS); the other warpgroup adds the same P, from the stage's P block, times V to its
@@ -243,14 +181,9 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
  * refilled with tile j + 2: the gathers keep v7's one tile of look-ahead (v8's pairs held
  * both stages). The used-entry bits come from the gather warpgroup (a 64-bit word a stage,
  * published with the tile), so the compute warps load no slot. */
-/* SMLA_FWD90_RELAY: 2 (the default since session 13) runs v11 at every tile count; 1 v11
- * from W_EARLY_MIN_TILES tiles a split and v3 below; 0 builds v3 / v7 alone (for A/B).
- * Measured against v3 / v7 (H100, bench/RESULTS.md session 13 run 5): N=128 T=1024
- * 1379-1416 -> 1207-1214 us cold, T=64 97.4 -> 83.9-84.4, T=16 41.8-42.1 -> 39.4,
+/* Measured against v3 / v7, its predecessors (H100, bench/RESULTS.md session 13 run 5, cold):
+ * N=128 T=1024 1379-1416 -> 1207-1214 us, T=64 97.4 -> 83.9-84.4, T=16 41.8-42.1 -> 39.4,
  * N=64 T=1024 827 -> 790, T=1 equal. */
-#ifndef SMLA_FWD90_RELAY
-#define SMLA_FWD90_RELAY 2
-#endif
 
 __device__ __forceinline__ void w11_pin_o(float O[2][64]) {
 #pragma unroll
@@ -467,17 +400,12 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
   w11_pin_o(O);
 }
 
-template <int DR, bool EARLY>
+template <int DR>
 __global__ void __launch_bounds__(W_BLOCK, 1)
     fwd90_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
   constexpr int BN = FWD_BN;
-  constexpr int DQK = 512 + DR;
-#if !SMLA_FWD90_WS
-  constexpr int QCH = DQK / 8;  /* 16-byte chunks per bf16 row */
-#endif
-  constexpr int KB = DQK / 64;  /* 8 KB column blocks per row stack */
+  constexpr int KB = (512 + DR) / 64; /* 8 KB column blocks per row stack */
   constexpr uint32_t TILE = KB * W_KB_BYTES;
-  constexpr bool RELAY = SMLA_FWD90_WS && (SMLA_FWD90_RELAY == 2 || (SMLA_FWD90_RELAY == 1 && EARLY));
   const float NEG_INF = -INFINITY;
 
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -489,17 +417,11 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   float *red = (float *)(smem + L.red);
   float *rowmax_s = (float *)(smem + L.rowmax);
   float *rowtop_s = (float *)(smem + L.rowtop);
-#if !SMLA_FWD90_WS
-  uint8_t *mask_s = smem + L.mask;
-#endif
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7, wq = (tid >> 5) & 3; /* warpgroup; warp within it */
   const int g = lane >> 2, tig = lane & 3;
   const int r0 = 16 * wq + g; /* this thread's rows: r0 and r0 + 8 */
-#if !SMLA_FWD90_WS
-  const int lr = tid >> 2, lp = tid & 3; /* loader: row of the tile, quarter of the row */
-#endif
 
   const fwd_block blk = fwd_block_of(a);
   const int64_t t = blk.t;
@@ -509,28 +431,25 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   const int32_t req = blk.req;
 
   unsigned bad = 0; /* entries >= S or < -1 this thread counted */
-  const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
+  const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv;
   PROBE_DECL;
   PROBE_STAMP(0);
-#if SMLA_PROBE
-  unsigned long long probe_last_ = 0;
-#endif
-#if SMLA_FWD90_WS
   /* Everything of the compute warps (O included) lives inside their branch: code after
    * the join runs at the gather warpgroup's register count. */
   const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u;
   if (tid == 0) {
-    /* The gather threads (v11: and one more arrival a gather warp, its mask bits). */
-    mbar_init(full_b, RELAY ? 132 : 128), mbar_init(full_b + 8u, RELAY ? 132 : 128);
-    mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);   /* the compute warps */
-    if (RELAY) mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128); /* pready */
+    /* full: the 128 gather threads' copies and one arrival a gather warp (its mask bits);
+     * empty: the 8 compute warps; pready: the 128 threads of the tile's warpgroup. */
+    mbar_init(full_b, 132), mbar_init(full_b + 8u, 132);
+    mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);
+    mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128);
   }
   __syncthreads();
   if (tid >= W_THREADS) {
     /* The gather warpgroup. Warp pw gathers rows 16 pw..16 pw + 15 of each tile (and
      * of Q), per instruction 4 rows x 8 chunks (128 contiguous bytes of each row, one
      * swizzled 128-byte line of shared memory); lane l < 16 owns the slot of row
-     * 16 pw + l (its mask byte, its bad count) and hands it out by shuffle. */
+     * 16 pw + l (its used bit, its bad count) and hands it out by shuffle. */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
     if (ntiles > 0) {
       const int pw = (tid - W_THREADS) >> 5, cl = lane & 7, rl = lane >> 3;
@@ -553,7 +472,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         unsigned nb = 0;
         const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
         bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
-        if (RELAY) { /* bits 16 pw..16 pw + 15 of the stage's used-entry word */
+        { /* bits 16 pw..16 pw + 15 of the stage's used-entry word */
           const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & 0xffffu;
           if (lane == 0) {
             *(volatile uint16_t *)(smem + L.mask + 64u + 8u * st + 2u * (uint32_t)pw) =
@@ -579,10 +498,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
 #define W_SYNC() named_bar_sync(1, W_THREADS)
-#else
-#define W_SYNC() __syncthreads()
-  {
-#endif
   /* O: [2 halves of 128 columns][16 n8 blocks x 4]; column of O[h][4j + e] is
    * 256 wg + 128 h + 8 j + 2 tig + (e & 1), row r0 + 8 (e >> 1). */
   float O[2][64];
@@ -595,318 +510,14 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f}, m_top[2] = {NEG_INF, NEG_INF};
 
   if (ntiles > 0) {
-#if SMLA_FWD90_WS
-    if (RELAY) {
-      w11_loop<DR>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top
+    w11_loop<DR>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top
 #if SMLA_PROBE
-                   , probe_t_
+                 , probe_t_
 #endif
-      );
-    } else
-#endif
-    {
-#if !SMLA_FWD90_WS
-    /* Q rows (heads h0..h0+63), zero past N. Joins the first cp.async group. */
-    for (int idx = tid; idx < W_HEADS * QCH; idx += W_THREADS) {
-      const int row = idx / QCH, c = idx - row * QCH, head = h0 + row;
-      cp_async_16(q_s + w_chunk(row, c), q_chunk_src(a, t, head, c), head < a.num_heads ? 16 : 0);
-    }
-
-    slot_pipe spipe = slot_pipe_start(a, req, slot_row, ks, kend, lr); /* two tiles ahead */
-    /* This thread's chunks of its row: c = lp + 4 i, i.e. block i / 2, chunk lp + 4 (i & 1). */
-    const uint32_t row_off = (uint32_t)(lr * 128);
-#define W_ISSUE_TILE(j, stage_base)                                                         \
-  do {                                                                                      \
-    const int32_t s_ = slot_pipe_next(spipe, a, req, slot_row, ks, kend, (j), lr);         \
-    const bool used_ = entry_used(a, s_, ks + (j) * BN + lr, kend, lp, &bad);               \
-    if (lp == 0) mask_s[((j) & 3) * BN + lr] = used_;                                       \
-    const uint8_t *src_ = a.cache + (used_ ? (int64_t)s_ * a.row_bytes : 0);                \
-    const uint32_t n_ = used_ ? 16u : 0u;                                                   \
-    _Pragma("unroll") for (int i_ = 0; i_ < QCH / 4; i_++) {                                \
-      const int c_ = lp + 4 * (i_ & 1);                                                     \
-      cp_async_16((stage_base) + (uint32_t)((i_ >> 1) * W_KB_BYTES) + row_off +             \
-                      (uint32_t)((c_ ^ (lr & 7)) << 4),                                     \
-                  src_ + 16 * (lp + 4 * i_), n_);                                           \
-    }                                                                                       \
-  } while (0)
-
-    W_ISSUE_TILE(0, kv_s);
-    cp_async_commit();
-#endif
-
-#if SMLA_FWD90_WS
-    /* The slots of this thread's 8 entries of the tile (its S columns), loaded a tile
-     * ahead: each compute thread masks its own logits, so no flag passes from the gather
-     * warpgroup through shared memory (it counts the bad entries). */
-#define W_COL(q_) (wg * 32 + ((q_) >> 1) * 8 + 2 * tig + ((q_) & 1))
-#if SMLA_FWD90_BALLOT_MASK
-    /* The 8 lanes g = 0..7 of a warp with the same tig hold the same 8 columns: lane
-     * (g, tig) loads (and, fused, converts) only column W_COL(g), and one ballot gives
-     * every lane its 8 bits (bit 4 q + tig of the ballot is column W_COL(q) of lanes tig). */
-    int32_t cslot1, craw1; /* tile jj's slot, tile jj + 1's raw entry of column W_COL(g) */
-#define W_LOAD_SLOTS(jj)                                                                   \
-  do {                                                                                     \
-    cslot1 = slot_of(a, req, craw1);                                                       \
-    craw1 = raw_at(slot_row, ks, kend, (jj) + 1, W_COL(g));                                \
-  } while (0)
-#define W_UMASK(um_)                                                                       \
-  do {                                                                                     \
-    const unsigned b_ =                                                                    \
-        __ballot_sync(0xffffffffu, cslot1 >= 0 && (int64_t)cslot1 < a.num_slots);          \
-    um_ = 0;                                                                               \
-    _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) um_ |= ((b_ >> (4 * q_ + tig)) & 1u) << q_; \
-  } while (0)
-    craw1 = raw_at(slot_row, ks, kend, 0, W_COL(g));
-#else
-    int32_t cslot[8], craw[8]; /* tile jj's slots, tile jj + 1's raw entries (slot_pipe) */
-#define W_LOAD_SLOTS(jj)                                                                   \
-  _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) {                                       \
-    cslot[q_] = slot_of(a, req, craw[q_]);                                                 \
-    craw[q_] = raw_at(slot_row, ks, kend, (jj) + 1, W_COL(q_));                            \
-  }
-#define W_UMASK(um_)                                                                       \
-  do {                                                                                     \
-    um_ = 0;                                                                               \
-    _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) um_ |=                                \
-        (cslot[q_] >= 0 && (int64_t)cslot[q_] < a.num_slots ? 1u : 0u) << q_;              \
-  } while (0)
-    _Pragma("unroll") for (int q_ = 0; q_ < 8; q_++) craw[q_] =
-        raw_at(slot_row, ks, kend, 0, W_COL(q_));
-#endif
-    W_LOAD_SLOTS(0);
-#endif
-    /* S = Q K^T of the tile in stage kvb_: all 64 heads x this warpgroup's 32 entries. */
-#define W_ISSUE_S(kvb_)                                                                    \
-  do {                                                                                     \
-    uint32_t qs_ = q_s;                                                                    \
-    if (W_EARLY) /* not hoisted out of the loop: 36 live descriptors would spill */          \
-      asm volatile("mov.u32 %0, %1;" : "=r"(qs_) : "r"(q_s));                              \
-    _Pragma("unroll") for (int i_ = 0; i_ < 16; i_++) s[i_] = 0.0f;                        \
-    if (W_EARLY) /* the zeros held before the fence (else ptxas must repair the order) */  \
-      _Pragma("unroll") for (int i_ = 0; i_ < 16; i_++) wg_pin(s[i_]);                     \
-    wg_fence();                                                                            \
-    _Pragma("unroll") for (int kb_ = 0; kb_ < KB; kb_++)                                   \
-    _Pragma("unroll") for (int k4_ = 0; k4_ < 4; k4_++)                                    \
-      wgmma_m64n32k16_ss(s, wg_desc(qs_ + kb_ * W_KB_BYTES + k4_ * 32, 16, 1024),          \
-                         wg_desc((kvb_) + kb_ * W_KB_BYTES + wg * 32 * 128 + k4_ * 32, 16,  \
-                                 1024));                                                   \
-    wg_commit();                                                                           \
-  } while (0)
-    float s[16];
-#if SMLA_FWD90_WS
-    /* EARLY: the used-entry bits of the next S, made from cslot before that S is issued (its 8
-     * slots are not live across the wgmma then). */
-    unsigned um_next = 0;
-#define W_MASK_NEXT() W_UMASK(um_next)
-    if (EARLY) {
-      W_MASK_NEXT();
-      mbar_wait(full_b, 0u); /* tile 0 (and Q) */
-      fence_proxy_async();
-      PROBE_STAMP(1);
-      W_ISSUE_S(kv_s);
-      wg_wait<0>(); /* no wgmma in flight where the loop begins or loops */
-    }
-#endif
-    for (int j = 0; j < ntiles; j++) {
-      const uint32_t kvb = kv_s + (uint32_t)(j & 1) * TILE;
-#if SMLA_FWD90_WS
-      if (!EARLY) { /* (EARLY: S(j) has completed, at the end of the last iteration) */
-        mbar_wait(full_b + 8u * (uint32_t)(j & 1), (uint32_t)((j >> 1) & 1)); /* tile j, Q */
-        fence_proxy_async(); /* the gather warp's copies, seen here, visible to wgmma */
-      }
-#else
-      cp_async_wait<0>(); /* tile j (and Q) landed for this thread: the only group out */
-      fence_proxy_async(); /* ...and is visible to wgmma's reads */
-      /* This barrier also ends tile j-1: every thread waited for its PV(j-1) before it, so
-       * from here tile j+1 may be gathered into the stage PV(j-1) read, and P and red
-       * rewritten. */
-      __syncthreads();
-#endif
-#if SMLA_PROBE
-      if (j == 0) { /* (EARLY: t1 before S(0), above) */
-        if (!W_EARLY) PROBE_STAMP(1);
-        if (tid == 0) probe_last_ = probe_now();
-      } else {
-        W_PHASE(3);
-      }
-#endif
-
-      if (!W_EARLY) W_ISSUE_S(kvb);
-#if !SMLA_FWD90_WS
-      /* The gathers of tile j+1 are issued while the tensor cores work on S(j). */
-      if (j + 1 < ntiles) W_ISSUE_TILE(j + 1, kv_s + (uint32_t)((j + 1) & 1) * TILE);
-      cp_async_commit();
-#endif
-      wg_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 16; i++) wg_pin(s[i]);
-
-      /* ---- online softmax: scale, softcap, mask; row max across both warpgroups ---- */
-#if SMLA_FWD90_WS
-      /* Bit 2 nb + (e & 1): this thread's entry of column block nb is used. */
-      unsigned um = um_next; /* EARLY: made from cslot before S(j) was issued */
-      if (!EARLY) W_UMASK(um);
-      if (j + 1 < ntiles) W_LOAD_SLOTS(j + 1);
-#define W_USED(nb, e) ((um >> (2 * (nb) + ((e) & 1))) & 1u)
-#else
-      const uint8_t *mk = mask_s + (j & 3) * BN;
-#define W_USED(nb, e) mk[wg * 32 + (nb) * 8 + 2 * tig + ((e) & 1)] /* the S column */
-#endif
-      float tmax[2] = {NEG_INF, NEG_INF};
-      fwd_scale_logits<16>(s, a.logit_scale, a.softcap);
-#pragma unroll
-      for (int nb = 0; nb < 4; nb++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          float v = s[4 * nb + e];
-          v = W_USED(nb, e) ? v : NEG_INF;
-          s[4 * nb + e] = v;
-          tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
-        }
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
-        tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
-        if (tig == 0) red[wg * 64 + r0 + 8 * hh] = tmax[hh];
-      }
-      W_SYNC();
-      W_PHASE(0);
-      float mls[2], alpha[2], lsum[2] = {0.0f, 0.0f};
-      bool moved = false; /* (lazy rescale) a row of this thread changed its reference max */
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        const int row = r0 + 8 * hh;
-        const float mx = fmax_nan(red[row], red[64 + row]);
-        m_top[hh] = fmax_nan(m_top[hh], mx);
-        float m_new = fmax_nan(m_run[hh], mx); /* NaN: out, lse, max NaN */
-        /* Lazy: the reference stays while the max grew by at most W_TAU (so P <= 2^8);
-         * a NaN, the first used entry (-inf - -inf or x - -inf) fail the test and move it. */
-        if (W_TAU > 0.0f && m_new - m_run[hh] <= W_TAU) m_new = m_run[hh];
-        else moved = true;
-        const float m_use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
-        alpha[hh] = ex2_approx((m_run[hh] - m_use) * FWD_LOG2E);
-        m_run[hh] = m_new;
-        mls[hh] = m_use * FWD_LOG2E;
-      }
-#pragma unroll
-      for (int nb = 0; nb < 4; nb++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-          const float p0 = ex2_approx(fmaf(s[4 * nb + 2 * hh], FWD_LOG2E, -mls[hh]));
-          const float p1 = ex2_approx(fmaf(s[4 * nb + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
-          lsum[hh] += p0 + p1;
-          const int row = r0 + 8 * hh, col = wg * 32 + nb * 8 + 2 * tig;
-          *(uint32_t *)(smem + L.p + w_chunk(row, col >> 3) + (col & 7) * 2) =
-              pack_bf16x2(p0, p1);
-        }
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
-      if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved))
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-          for (int i = 0; i < 64; i++) O[h][i] *= alpha[(i >> 1) & 1];
-      fence_proxy_async(); /* P visible to wgmma */
-      W_SYNC();
-      W_PHASE(1);
-
-      /* ---- O += P V: all 64 heads x this warpgroup's 256 output columns ---- */
-#pragma unroll
-      for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
-      wg_fence();
-#pragma unroll
-      for (int k = 0; k < BN / 16; k++) {
-        const uint64_t da = wg_desc(p_s + k * 32, 16, 1024);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          const uint64_t db =
-              wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * W_KB_BYTES + k * 16 * 128),
-                      W_KB_BYTES, 1024);
-          wgmma_m64n128k16_ss_tb(O[h], da, db);
-        }
-      }
-      wg_commit();
-#if SMLA_FWD90_WS
-      if (EARLY) {
-      /* Tile j+1 landed: S(j+1) queued behind PV(j), then PV(j) waited for. Not yet: PV(j)
-       * waited for and stage j % 2 released first (the gathers of tile j+2 must not wait
-       * for tile j+1), then S(j+1). One thread of the warpgroup decides for all four
-       * warps (wgmma is warpgroup-wide), through a flag and the warpgroup's own barrier. */
-#define W_PV_DONE()                                                                        \
-  do {                                                                                     \
-    _Pragma("unroll") for (int h_ = 0; h_ < 2; h_++)                                       \
-    _Pragma("unroll") for (int i_ = 0; i_ < 64; i_++) wg_pin(O[h_][i_]);                   \
-    if (lane == 0) mbar_arrive(empty_b + 8u * (uint32_t)(j & 1)); /* the stage is free */  \
-    W_PHASE(2);                                                                            \
-  } while (0)
-      if (j + 1 < ntiles) {
-        const uint32_t full1 = full_b + 8u * (uint32_t)((j + 1) & 1);
-        const uint32_t par1 = (uint32_t)(((j + 1) >> 1) & 1);
-        volatile uint32_t *ready_s = (volatile uint32_t *)(smem + L.mask) + wg;
-        W_MASK_NEXT();
-        if ((tid & 127) == 0)
-          *ready_s = SMLA_FWD90_EARLY_FORCE >= 0 ? (uint32_t)SMLA_FWD90_EARLY_FORCE
-                                                 : mbar_test(full1, par1);
-        if (wg) named_bar_sync(3, 128); else named_bar_sync(2, 128); /* ids known to ptxas */
-        if (*ready_s) {
-          mbar_wait(full1, par1); /* complete: returns at once, with acquire */
-          fence_proxy_async();
-          W_ISSUE_S(kv_s + (uint32_t)((j + 1) & 1) * TILE);
-          wg_wait<1>();
-          W_PV_DONE();
-        } else {
-          wg_wait<0>();
-          W_PV_DONE();
-          mbar_wait(full1, par1);
-          fence_proxy_async();
-          W_ISSUE_S(kv_s + (uint32_t)((j + 1) & 1) * TILE);
-        }
-      } else {
-        wg_wait<0>();
-        W_PV_DONE();
-      }
-      wg_wait<0>(); /* S(j+1) */
-#undef W_PV_DONE
-      } else {
-        wg_wait<0>();
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-          for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
-        if (lane == 0) mbar_arrive(empty_b + 8u * (uint32_t)(j & 1)); /* the stage is free */
-        W_PHASE(2);
-      }
-#else
-      wg_wait<0>();
-#pragma unroll
-      for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
-#endif
-    }
-#undef W_ISSUE_S
-#if SMLA_FWD90_WS
-#undef W_MASK_NEXT
-#undef W_UMASK
-#endif
-    } /* !RELAY */
-    if (!RELAY) {
-      W_PHASE(3);
-      PROBE_STAMP(2);
-    }
+    );
     /* The combine kernel (a programmatic dependent, smla_cuda_merge_args.pdl) may be
      * scheduled from here on; it waits for this grid's completion before it reads. */
     griddep_launch_dependents();
-#if SMLA_FWD90_WS
-#undef W_LOAD_SLOTS
-#undef W_COL
-#else
-#undef W_ISSUE_TILE
-    cp_async_wait<0>();
-#endif
-#undef W_USED
 
     /* Row sums: quad, then across the two warpgroups. */
 #pragma unroll
@@ -1026,7 +637,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     }
   }
   PROBE_STAMP(7);
-  PROBE_PUT(RELAY ? 11 : 10, ntiles);
+  PROBE_PUT(11, ntiles);
   } /* compute warps */
 #undef W_SYNC
 
@@ -1039,19 +650,14 @@ extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr) {
   return w_layout_of(dr).total + 1024u; /* + slack to align the base to 1024 */
 }
 
-/* The kernel for a Dr and whether it pipelines S behind PV (v7, W_EARLY_MIN_TILES). */
-static const void *w_kernel(int dr, bool early) {
-  if (dr == 64)
-    return early ? (const void *)fwd90_kernel<64, true> : (const void *)fwd90_kernel<64, false>;
-  return early ? (const void *)fwd90_kernel<0, true> : (const void *)fwd90_kernel<0, false>;
+/* The kernel for a Dr. */
+static const void *w_kernel(int dr) {
+  return dr == 64 ? (const void *)fwd90_kernel<64> : (const void *)fwd90_kernel<0>;
 }
 
 extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int max_smem) {
-  cudaError_t e = cudaSuccess;
-  for (int early = 0; early < 2 && e == cudaSuccess; early++)
-    e = cudaFuncSetAttribute(w_kernel(dr, early != 0),
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
-  return e;
+  return cudaFuncSetAttribute(w_kernel(dr), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              max_smem);
 }
 
 /* A launch configuration of the forward: clusters of `cluster` blocks (1: none). */
@@ -1071,22 +677,13 @@ static cudaLaunchConfig_t w_config(unsigned blocks, uint32_t smem, int cluster, 
   return c;
 }
 
-extern "C" int smla_cuda_fwd90_early_min_tiles(void) {
-  return SMLA_FWD90_WS && SMLA_FWD90_RELAY == 0 ? W_EARLY_MIN_TILES : 0;
-}
-
-extern "C" int smla_cuda_fwd90_relay_min_tiles(void) {
-  if (!SMLA_FWD90_WS) return 0;
-  return SMLA_FWD90_RELAY == 2 ? 1 : SMLA_FWD90_RELAY == 1 ? W_EARLY_MIN_TILES : 0;
-}
-
 extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int splits, int *clusters) {
   *clusters = 0;
   if (splits < 2 || splits > 8) return cudaSuccess;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t c = w_config((unsigned)splits, smla_cuda_fwd90_smem_bytes(dr), splits,
                                   NULL, &attr);
-  return cudaOccupancyMaxActiveClusters(clusters, w_kernel(dr, false), &c); /* both alike */
+  return cudaOccupancyMaxActiveClusters(clusters, w_kernel(dr), &c);
 }
 
 extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *a,
@@ -1100,7 +697,5 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *
   cudaLaunchConfig_t c = w_config((unsigned)blocks, smla_cuda_fwd90_smem_bytes(dr),
                                   a->cluster_merge ? a->num_splits : 1, stream, &attr);
   void *args[1] = {(void *)a};
-  const bool early = SMLA_FWD90_WS && (a->split_len + 63) / 64 >= W_EARLY_MIN_TILES;
-  /* (the plan's describe says so: smla_cuda_fwd90_early_min_tiles) */
-  return cudaLaunchKernelExC(&c, w_kernel(dr, early), args);
+  return cudaLaunchKernelExC(&c, w_kernel(dr), args);
 }
