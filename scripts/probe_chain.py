@@ -6,14 +6,18 @@
 
 Each `probe kind block blocks extra t0..t7` line is thread 0 of the first or last block
 of one launch: kind 0 / 1 the generic forward (combine after it / merged in the kernel),
-2 the merge4 combine, 3 merge3, 10 the sm90 forward. Stamps (ns, %globaltimer):
+2 the merge4 combine, 3 merge3, 11 the sm90 forward (v11; 10 was v3 / v7's, before
+a8812ff, kept here for older logs). Stamps (ns, %globaltimer):
 - generic forward: t0 entry, t1 after the dependency wait, t2 tile 0's gathers issued
   (thread 0's slot arrived; BF16 only, else 0), t3 tile 0 landed, t4 tile loop done, t5
   row sums exchanged, t6 epilogue's stores issued;
 - combine: t0 entry, t1 after the dependency wait, t6 done;
-- sm90 forward: t0 entry, t1 tile 0 landed, t2 tile loop done, t3..t6 per-tile phases
-  summed over the block's tiles (softmax to the row-max rendezvous, to the P rendezvous,
-  PV issued and waited for, the rest), t7 done.
+- sm90 forward, kind 11: t0 entry, t1..t6 compute thread 0's phases summed over its tiles
+  (the wait for the PV before; the full or pready wait; S; the logits, max and
+  exponentials; P and m stored and published; the rescale and PV issued), t7 done;
+- sm90 forward, kind 10 (v3 / v7): t0 entry, t1 tile 0 landed, t2 tile loop done, t3..t6
+  per-tile phases (softmax to the row-max rendezvous, to the P rendezvous, PV issued and
+  waited for, the rest), t7 done.
 Prints the median of every phase and of the gaps along the step's chain: forward end ->
 combine start -> combine end -> next forward.
 """

@@ -310,8 +310,8 @@ static void wide(t_case *tc, int64_t T, int N, int K, int dr, float softcap, int
 /* Logits 100x the default spread (sm_scale 600 / sqrt(Dqk): a row's logits span a few
  * hundred), so that a row's running max keeps rising by more than the sm90 kernel's lazy
  * rescale lets its reference lag (W_TAU = 8 ln 2) after tile 0: each rise must rescale O,
- * and a reference left to lag by ~88 or more overflows P. Unsplit from 33 tiles (the v7
- * instance) or 5 splits of 5-6 tiles (v3), both checked against the CPU. */
+ * and a reference left to lag by ~88 or more overflows P. Unsplit (33 tiles) or 5 splits of
+ * 5-6 tiles, both checked against the CPU. */
 static void steep(t_case *tc, int N, int K, int splits) {
   fwd_problem pb;
   fwd_defaults(&pb, 3, N, K, 64, SMLA_CACHE_BF16);
@@ -329,6 +329,9 @@ static void c_wide_n64_dr0(t_case *tc) { wide(tc, 4, 64, 700, 0, 0.0f, 1, 0); }
 static void c_wide_n100_softcap(t_case *tc) { wide(tc, 3, 100, 333, 64, 5.0f, 1, 0); }
 static void c_wide_n128_splits(t_case *tc) { wide(tc, 6, 128, 1500, 64, 0.0f, 1, 5); }
 static void c_wide_n48_k1(t_case *tc) { wide(tc, 3, 48, 1, 64, 0.0f, 0, 0); }
+/* One split of exactly 2 tiles: on sm90, warpgroup 1's first own tile, with no stage
+ * refilled (v11's shortest exchange both ways). */
+static void c_wide_n64_two_tiles(t_case *tc) { wide(tc, 2, 64, 128, 64, 0.0f, 0, 1); }
 /* One split of 33 tiles (34 with Dr 0): on an sm90 device the wgmma kernel's tile loop
  * (v11, the relay) over a long split with an odd tile count, an empty row and a random
  * length each. The case checks that the plan's describe names that loop, so that a plan
@@ -627,6 +630,7 @@ void t_register_forward_more_cases(void) {
   t_register("forward_wide_n100_softcap_sink", c_wide_n100_softcap);
   t_register("forward_wide_n128_splits5", c_wide_n128_splits);
   t_register("forward_wide_n48_k1", c_wide_n48_k1);
+  t_register("forward_wide_n64_two_tiles", c_wide_n64_two_tiles);
   t_register("forward_wide_n64_steep", c_wide_n64_steep);
   t_register("forward_wide_n128_steep_splits", c_wide_n128_steep_splits);
   t_register("forward_wide_n128_merges", c_wide_n128_merges);

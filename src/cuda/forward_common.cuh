@@ -93,19 +93,11 @@ __device__ __forceinline__ bool entry_used(const smla_cuda_fwd_args &a, int32_t 
 /* Logits in place: v * scale, then softcap * tanh(v / softcap) where softcap > 0. One
  * branch for the whole array: a branch a value (the form before session 13) kept the
  * compiler from overlapping the values' instructions, ~30 cycles a value on the exposed
- * softmax path (SASS of the sm90 kernel: 32 branches a tile, one after another). */
-#ifndef SMLA_FWD_SCALE_PER_VALUE
-#define SMLA_FWD_SCALE_PER_VALUE 0 /* 1: the earlier form, for A/B */
-#endif
+ * softmax path (SASS of the sm90 kernel: 32 branches a tile, one after another; measured
+ * 2-6% of the sm90 rows, bench/RESULTS.md session 13 run 5). */
 template <int N>
 __device__ __forceinline__ void fwd_scale_logits(float *v, float scale, float softcap) {
-  if (SMLA_FWD_SCALE_PER_VALUE) {
-#pragma unroll
-    for (int i = 0; i < N; i++) {
-      v[i] *= scale;
-      if (softcap > 0.0f) v[i] = softcap * tanhf(v[i] / softcap);
-    }
-  } else if (softcap > 0.0f) {
+  if (softcap > 0.0f) {
 #pragma unroll
     for (int i = 0; i < N; i++) {
       const float x = v[i] * scale;

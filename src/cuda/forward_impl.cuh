@@ -52,6 +52,15 @@
 #define FWD_THREADS SMLA_CUDA_FWD_THREADS
 #define FWD_MERGE_MAX_R SMLA_CUDA_FWD_MERGE_MAX_R
 
+/* SMLA_FWD_SLOTS_FIRST (prepared in session 13, not yet measured; default 0): the slots'
+ * loads go out before Q's copies, so that their round trip, which tile 0's gathers wait
+ * on, runs under the Q issue (~50 instructions a copy; in the default order the loads
+ * wait behind them, the copies' "memory" clobber keeping the compiler from hoisting
+ * them). docs/design/decode-one-launch.md, session 13. */
+#ifndef SMLA_FWD_SLOTS_FIRST
+#define SMLA_FWD_SLOTS_FIRST 0
+#endif
+
 /* Two e4m3 (low byte first) -> two floats, exact (through f16). */
 __device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
@@ -329,14 +338,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
   if (ntiles > 0) {
     const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
     /* Two tiles ahead (one for the fp8 formats: their 64-head instance has no register
-     * to spare: 28 bytes of spills with two). SMLA_FWD_SLOTS_FIRST (prepared in session
-     * 13, not yet measured; default 0): the slots' loads go out before Q's copies, so that
-     * their round trip, which tile 0's gathers wait on, runs under the Q issue (~40
-     * instructions a copy; in the default order the loads wait behind them, the copies'
-     * "memory" clobber keeping the compiler from hoisting them). */
-#ifndef SMLA_FWD_SLOTS_FIRST
-#define SMLA_FWD_SLOTS_FIRST 0
-#endif
+     * to spare: 28 bytes of spills with two). SMLA_FWD_SLOTS_FIRST: see the top. */
     constexpr bool PIPE_DEEP = FMT == FMT_BF16;
     slot_pipe spipe;
     if (SMLA_FWD_SLOTS_FIRST) spipe = slot_pipe_start(a, req, slot_row, ks, kend, lr);

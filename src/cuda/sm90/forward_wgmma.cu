@@ -23,9 +23,10 @@
  * Shared memory (bytes from a 1024-aligned base; every operand in the 128-byte-swizzle
  * layout wgmma reads: a [kb][64 rows][128 B] stack of 8 KB blocks of 64 bf16 columns,
  * 16-byte chunk c of row r stored at chunk c ^ (r % 8)): Q 9 x 8 KB, KV 2 stages x 9 x 8
- * KB, an 8 KB block (xm; with dr = 0 after two P blocks), row sums, maxima and largest
- * logits, the used-entry words, mbarriers. dr = 64: 225 KB (+1 KB alignment slack) of the
- * 227 KB opt-in. A masked entry's row is zero-filled without reading the cache and its
+ * KB, an 8 KB block at p (dr = 64: it holds only xm, 1 KB; dr = 0: P of stage 0, then P of
+ * stage 1 and xm follow), row sums, maxima and largest logits, the used-entry words (at
+ * offset 64 of a 256-byte region: the layout the earlier loops shared), mbarriers. dr =
+ * 64: 225 KB (+1 KB alignment slack) of the 227 KB opt-in, checked below at compile time. A masked entry's row is zero-filled without reading the cache and its
  * logits are -inf, so NaN in unused rows cannot leak in.
  * Epilogue: the final row (one split), a partial row for the combine kernel, or with
  * a.cluster_merge (2..8 splits as one cluster, v6) the merged row (w_cluster_factor,
@@ -60,8 +61,8 @@ struct w_layout {
   uint32_t q, kv, p, xm, red, rowmax, rowtop, mask, bar, total;
 };
 
-__host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
-  w_layout l;
+__host__ __device__ constexpr w_layout w_layout_of(int dr) {
+  w_layout l = {};
   const uint32_t tile = (uint32_t)((512 + dr) / 64) * W_KB_BYTES;
   l.q = 0;
   l.kv = l.q + tile;
@@ -78,6 +79,10 @@ __host__ __device__ __forceinline__ w_layout w_layout_of(int dr) {
   l.total = l.bar + 6u * 8u;
   return l;
 }
+/* Both layouts, with the 1 KB slack that aligns the base, within the 227 KB opt-in (else
+ * the plan would drop to the generic kernel at run time). */
+static_assert(w_layout_of(64).total + 1024u <= 232448u, "sm90 layout, dr = 64");
+static_assert(w_layout_of(0).total + 1024u <= 232448u, "sm90 layout, dr = 0");
 
 /* Byte offset of 16-byte chunk c (of 8 bf16 columns) of row r in a stack of 128-byte-
  * swizzled 8 KB blocks. */
@@ -232,8 +237,8 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
 }
 
 /* One compute warpgroup's tiles: O (its 256 columns), m_run, l_run (its own tiles' share of
- * the row sums) and m_top as the v3 loop leaves them; both warpgroups end at the same m_run
- * and m_top. */
+ * the row sums) and m_top as the epilogue expects them; both warpgroups end at the same
+ * m_run and m_top. */
 /* A probe build (kind 11) sums compute thread 0's time over its tiles in pt[1..6]: 1 the
  * wait for the PV before, 2 the wait on full (own tile) or pready (the other's), 3 S issued
  * and waited for, 4 the logits, row max and exponentials, 5 P and m stored and published,

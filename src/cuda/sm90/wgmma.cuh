@@ -42,19 +42,6 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-/* wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16: d[64x32] += A[64x16] B[16x32],
- * A and B K-major in shared memory. */
-__device__ __forceinline__ void wgmma_m64n32k16_ss(float d[16], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      :
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(da), "l"(db), "n"(1));
-}
-
 /* wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16: d[64x128] += A[64x16] B[16x128],
  * A K-major, B MN-major (imm-trans-b = 1) in shared memory. */
 __device__ __forceinline__ void wgmma_m64n128k16_ss_tb(float d[64], uint64_t da, uint64_t db) {
@@ -138,17 +125,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "{\n.reg .pred p;\nWAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
       "@!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-}
-
-/* mbarrier.test_wait.parity.shared::cta.b64 (acquire at CTA scope), without waiting:
- * 1 if the phase of that parity has completed. */
-__device__ __forceinline__ uint32_t mbar_test(uint32_t bar, uint32_t parity) {
-  uint32_t r;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(r) : "r"(bar), "r"(parity) : "memory");
-  return r;
 }
 
 /* bar.sync id, n: a named barrier of n threads (a multiple of 32). */
