@@ -182,10 +182,8 @@ MUTANTS = [
       "generic kernel (BF16 and FP8_TENSOR caches) leaves the rope columns out of S",
       "forward"),
     M("gpu_sm90_dropped_rope", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "    for (int kb = 0; kb < KB; kb++)\n#pragma unroll\n      for (int k4 = 0; k4 < 4; k4++)\n"
-      "        wgmma_m64n64k16_ss",
-      "    for (int kb = 0; kb < KB - DR / 64; kb++)\n#pragma unroll\n      for (int k4 = 0; k4 < 4; k4++)\n"
-      "        wgmma_m64n64k16_ss",
+      "    for (int kb = 0; kb < KB; kb++)\n#pragma unroll\n      for (int k4 = 0; k4 < 4; k4++) {\n",
+      "    for (int kb = 0; kb < KB - DR / 64; kb++)\n#pragma unroll\n      for (int k4 = 0; k4 < 4; k4++) {\n",
       "sm90 wgmma kernel (v11) leaves the rope block out of S", "forward"),
     M("gpu_sm90_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
       "      alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);",

@@ -52,6 +52,15 @@
  * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
 #define W_OST_STRIDE 520
 
+/* SMLA_FWD90_SPLIT_FULL (prepared in session 13, not yet measured; default 0): each tile
+ * lands in two parts with a full barrier each, column blocks 0-3 (32 KB, issued first) and
+ * the rest, and S(j) starts on the first part while the second is in flight (FlashMLA's
+ * order). Predicted: ~0.14 us a tile where the gathers set the pace (half the part
+ * issued first's S, 16 of 36 wgmma, off each tile's chain), nothing where they do not. */
+#ifndef SMLA_FWD90_SPLIT_FULL
+#define SMLA_FWD90_SPLIT_FULL 0
+#endif
+
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
 #define W_HEADS 64
@@ -75,8 +84,8 @@ __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   l.rowmax = l.red + 2u * 64u * 4u; /* [64] float: the max each row's sum is relative to */
   l.rowtop = l.rowmax + 64u * 4u; /* [64] float: each row's largest logit (max_logit) */
   l.mask = l.rowtop + 64u * 4u;  /* at 64: [2] uint64, each stage's used-entry bits */
-  l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], pready[2] */
-  l.total = l.bar + 6u * 8u;
+  l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], pready[2] (, full_b2[2]) */
+  l.total = l.bar + (SMLA_FWD90_SPLIT_FULL ? 8u : 6u) * 8u;
   return l;
 }
 /* Both layouts, with the 1 KB slack that aligns the base, within the 227 KB opt-in (else
@@ -315,7 +324,7 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
       continue;
     }
     /* OWN(j) */
-    mbar_wait(full_b + 8u * st, par); /* tile j (and Q) */
+    mbar_wait(full_b + 8u * st, par); /* tile j (and Q; SPLIT_FULL: its first part) */
     W11_PHASE(2);
     fence_proxy_async();
     const uint64_t um = umask[st] >> (2 * tig); /* bit 8 n + e: column 8 n + 2 tig + e used */
@@ -328,9 +337,14 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
 #pragma unroll
     for (int kb = 0; kb < KB; kb++)
 #pragma unroll
-      for (int k4 = 0; k4 < 4; k4++)
+      for (int k4 = 0; k4 < 4; k4++) {
+        if (SMLA_FWD90_SPLIT_FULL && kb == 4 && k4 == 0) { /* the tile's second part */
+          mbar_wait(full_b + 48u + 8u * st, par);
+          fence_proxy_async();
+        }
         wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
                            wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
+      }
     wg_commit();
     wg_wait<0>();
 #pragma unroll
@@ -448,6 +462,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     mbar_init(full_b, 132), mbar_init(full_b + 8u, 132);
     mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);
     mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128);
+    if (SMLA_FWD90_SPLIT_FULL) mbar_init(full_b + 48u, 128), mbar_init(full_b + 56u, 128);
   }
   __syncthreads();
   if (tid >= W_THREADS) {
@@ -486,6 +501,19 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
           }
         }
         const uint32_t base = kv_s + st * TILE;
+        if (SMLA_FWD90_SPLIT_FULL) { /* column blocks 0-3 first, with their own arrival */
+#pragma unroll 1
+          for (int rg = 0; rg < 4; rg++) {
+            const int rr = 4 * rg + rl, row = 16 * pw + rr;
+            const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
+            const int u = __shfl_sync(0xffffffffu, u_mine, rr);
+            const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
+#pragma unroll
+            for (int cb = 0; cb < 4; cb++)
+              cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
+          }
+          mbar_arrive_cp_async_noinc(full_b + 8u * st);
+        }
 #pragma unroll 1
         for (int rg = 0; rg < 4; rg++) {
           const int rr = 4 * rg + rl, row = 16 * pw + rr;
@@ -493,11 +521,12 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
           const int u = __shfl_sync(0xffffffffu, u_mine, rr);
           const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
 #pragma unroll
-          for (int cb = 0; cb < KB; cb++)
+          for (int cb = SMLA_FWD90_SPLIT_FULL ? 4 : 0; cb < KB; cb++)
             cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
         }
-        mbar_arrive_cp_async_noinc(full_b + 8u * st); /* this thread's arrival, once its
-                                                         copies have landed */
+        /* This thread's arrival, once its copies have landed (SPLIT_FULL: the second
+         * part's barrier). */
+        mbar_arrive_cp_async_noinc(full_b + (SMLA_FWD90_SPLIT_FULL ? 48u : 0u) + 8u * st);
       }
     }
   } else {
