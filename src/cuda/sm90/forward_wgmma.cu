@@ -419,6 +419,24 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
   w11_pin_o(O);
 }
 
+/* A gather warp's copies of column blocks [CB0, CB1) of its 16 rows of a tile into the
+ * stage at base: 4 rows an instruction, lane (rl, cl) chunk cl of row 4 rg + rl; the slot
+ * sc and used bit u_mine of row 16 pw + r sit in lane r (and r + 16). */
+template <int CB0, int CB1>
+__device__ __forceinline__ void w_gather_part(const smla_cuda_fwd_args &a, uint32_t base,
+                                              int pw, int rl, int cl, int32_t sc, int u_mine) {
+#pragma unroll 1
+  for (int rg = 0; rg < 4; rg++) {
+    const int rr = 4 * rg + rl, row = 16 * pw + rr;
+    const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
+    const int u = __shfl_sync(0xffffffffu, u_mine, rr);
+    const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
+#pragma unroll
+    for (int cb = CB0; cb < CB1; cb++)
+      cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
+  }
+}
+
 template <int DR>
 __global__ void __launch_bounds__(W_BLOCK, 1)
     fwd90_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
@@ -502,28 +520,10 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         }
         const uint32_t base = kv_s + st * TILE;
         if (SMLA_FWD90_SPLIT_FULL) { /* column blocks 0-3 first, with their own arrival */
-#pragma unroll 1
-          for (int rg = 0; rg < 4; rg++) {
-            const int rr = 4 * rg + rl, row = 16 * pw + rr;
-            const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
-            const int u = __shfl_sync(0xffffffffu, u_mine, rr);
-            const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
-#pragma unroll
-            for (int cb = 0; cb < 4; cb++)
-              cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
-          }
+          w_gather_part<0, 4>(a, base, pw, rl, cl, sc, u_mine);
           mbar_arrive_cp_async_noinc(full_b + 8u * st);
         }
-#pragma unroll 1
-        for (int rg = 0; rg < 4; rg++) {
-          const int rr = 4 * rg + rl, row = 16 * pw + rr;
-          const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
-          const int u = __shfl_sync(0xffffffffu, u_mine, rr);
-          const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
-#pragma unroll
-          for (int cb = SMLA_FWD90_SPLIT_FULL ? 4 : 0; cb < KB; cb++)
-            cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
-        }
+        w_gather_part<SMLA_FWD90_SPLIT_FULL ? 4 : 0, KB>(a, base, pw, rl, cl, sc, u_mine);
         /* This thread's arrival, once its copies have landed (SPLIT_FULL: the second
          * part's barrier). */
         mbar_arrive_cp_async_noinc(full_b + (SMLA_FWD90_SPLIT_FULL ? 48u : 0u) + 8u * st);
