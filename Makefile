@@ -103,9 +103,14 @@ $(BUILD)/obj/%.o: %.c
 # and the full vectorizer. -Wno-psabi: the 8-float vector helpers are static, no ABI crosses.
 $(BUILD)/obj/src/cpu/forward.o: EXTRA_CFLAGS := -O3 -ffp-contract=fast -Wno-psabi
 
+# ptxas only informs (C7520) when it serializes every wgmma of a kernel (the accumulators
+# touched in a divergent path): a build that did so measured 40% slower (bench/RESULTS.md
+# session 14 call 1), so here it is an error.
 $(BUILD)/obj/src/cuda/sm90/%.o: src/cuda/sm90/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) $(NVCC_EXTRA) -gencode arch=compute_90a,code=sm_90a $(CPPFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_EXTRA) -gencode arch=compute_90a,code=sm_90a $(CPPFLAGS_ALL) -MMD -MP -c $< -o $@ 2>$@.ptxas || { cat $@.ptxas >&2; exit 1; }
+	@cat $@.ptxas >&2; if grep -q C7520 $@.ptxas; then \
+	  echo "error: ptxas serialized the wgmma of $< (C7520 above)" >&2; rm -f $@; exit 1; fi
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)

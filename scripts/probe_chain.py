@@ -13,7 +13,8 @@ a8812ff, kept here for older logs). Stamps (ns, %globaltimer):
   row sums exchanged, t6 epilogue's stores issued;
 - combine: t0 entry, t1 after the dependency wait, t6 done;
 - sm90 forward, kind 11: t0 entry, t1..t6 compute thread 0's phases summed over its tiles
-  (the wait for the PV before; the full or pready wait; S; the logits, max and
+  (the wait for the PV before, and on the other warpgroup's tiles the pready wait; the
+  full wait of its own tiles (before session 14: full or pready); S; the logits, max and
   exponentials; P and m stored and published; the rescale and PV issued), t7 done;
 - sm90 forward, kind 10 (v3 / v7): t0 entry, t1 tile 0 landed, t2 tile loop done, t3..t6
   per-tile phases (softmax to the row-max rendezvous, to the P rendezvous, PV issued and
@@ -68,7 +69,7 @@ def main():
             tiles = med([x[3] for x in es])
             print(f"  tiles a block (median) {tiles}")
             print(f"  entry -> end               {med([x[4][7] - x[4][0] for x in es]) / 1e3:6.2f} us")
-            for i, what in enumerate(("wait for the PV before", "full / pready wait",
+            for i, what in enumerate(("PV before; cross: + pready", "full wait (own tiles)",
                                       "S issued, waited (own)", "logits, max, exp (own)",
                                       "P, m stored, published (own)", "rescale, PV issued")):
                 per = med([x[4][1 + i] / max(x[3], 1) for x in es])

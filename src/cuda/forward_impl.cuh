@@ -52,13 +52,14 @@
 #define FWD_THREADS SMLA_CUDA_FWD_THREADS
 #define FWD_MERGE_MAX_R SMLA_CUDA_FWD_MERGE_MAX_R
 
-/* SMLA_FWD_SLOTS_FIRST (prepared in session 13, not yet measured; default 0): the slots'
+/* SMLA_FWD_SLOTS_FIRST (default 1 since session 14; 0: Q's copies first): the slots'
  * loads go out before Q's copies, so that their round trip, which tile 0's gathers wait
- * on, runs under the Q issue (~50 instructions a copy; in the default order the loads
- * wait behind them, the copies' "memory" clobber keeping the compiler from hoisting
- * them). docs/design/decode-one-launch.md, session 13. */
+ * on, runs under the Q issue (~50 instructions a copy; in the other order the loads wait
+ * behind them, the copies' "memory" clobber keeping the compiler from hoisting them).
+ * Measured (H100, bench/RESULTS.md session 14 call 1, N = 16): 0.6-1.8% at T = 16..4096,
+ * nothing at T = 1 (predicted 0.2-0.4 us there). docs/design/decode-one-launch.md. */
 #ifndef SMLA_FWD_SLOTS_FIRST
-#define SMLA_FWD_SLOTS_FIRST 0
+#define SMLA_FWD_SLOTS_FIRST 1
 #endif
 
 /* Two e4m3 (low byte first) -> two floats, exact (through f16). */

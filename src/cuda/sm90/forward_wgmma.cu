@@ -52,7 +52,8 @@
  * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
 #define W_OST_STRIDE 520
 
-/* SMLA_FWD90_SPLIT_FULL (prepared in session 13, not yet measured; default 0): each tile
+/* SMLA_FWD90_SPLIT_FULL (prepared in session 13; default 0; its first measured build had
+ * every wgmma serialized by ptxas, C7520, so that measurement says nothing): each tile
  * lands in two parts with a full barrier each, column blocks 0-3 (32 KB, issued first) and
  * the rest, and S(j) starts on the first part while the second is in flight (FlashMLA's
  * order). Predicted: ~0.14 us a tile where the gathers set the pace (half the part
@@ -249,7 +250,8 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
  * the row sums) and m_top as the epilogue expects them; both warpgroups end at the same
  * m_run and m_top. */
 /* A probe build (kind 11) sums compute thread 0's time over its tiles in pt[1..6]: 1 the
- * wait for the PV before, 2 the wait on full (own tile) or pready (the other's), 3 S issued
+ * wait for the PV before (and, on the other's tiles, the wait on pready: since session 14, so
+ * that 2 is the gathers' share alone), 2 the wait on full (own tiles), 3 S issued
  * and waited for, 4 the logits, row max and exponentials, 5 P and m stored and published,
  * 6 l and O rescaled and the PV issued (own and the other's tiles). */
 #if SMLA_PROBE
@@ -303,7 +305,7 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     W11_PHASE(1);
     if ((j & 1) != wg) { /* CROSS(j) */
       mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
-      W11_PHASE(2);
+      W11_PHASE(1);
       fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
       float f[2];
       bool moved = false;
@@ -339,8 +341,15 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
 #pragma unroll
       for (int k4 = 0; k4 < 4; k4++) {
         if (SMLA_FWD90_SPLIT_FULL && kb == 4 && k4 == 0) { /* the tile's second part */
+          /* The first part's wgmma committed, and a fence of our own after the wait:
+           * else ptxas inserts one inside the wait's loop and serializes every wgmma of
+           * the kernel (C7520; the first measured build, session 14 call 1). */
+          wg_commit();
           mbar_wait(full_b + 48u + 8u * st, par);
           fence_proxy_async();
+#pragma unroll
+          for (int i = 0; i < 32; i++) wg_pin(s[i]);
+          wg_fence();
         }
         wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
                            wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
