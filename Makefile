@@ -29,6 +29,8 @@ LIB_SRC := src/api.c src/metadata.c src/cpu/backend.c src/cpu/forward.c src/cpu/
 CU_SRC  :=
 ifneq ($(NVCC),)
   CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+  # For the sm90 objects' check below (skipped where the toolkit has no cuobjdump)
+  CUOBJDUMP ?= $(CUDA_HOME)/bin/cuobjdump
   CU_SRC    := $(wildcard src/cuda/*.cu) $(wildcard src/cuda/sm90/*.cu)
   LIB_SRC   += src/cuda/backend.c
   CPPFLAGS_ALL += -DSMLA_HAVE_CUDA -I$(CUDA_HOME)/include
@@ -105,12 +107,19 @@ $(BUILD)/obj/src/cpu/forward.o: EXTRA_CFLAGS := -O3 -ffp-contract=fast -Wno-psab
 
 # ptxas only informs (C7520) when it serializes every wgmma of a kernel (the accumulators
 # touched in a divergent path): a build that did so measured 40% slower (bench/RESULTS.md
-# session 14 call 1), so here it is an error.
+# session 14 call 1), so here it is an error. It may also serialize them without a word (a
+# wgmma.wait_group 1 in the loop did, session 14 call 3): so the machine code is counted
+# too, a wait (WARPGROUP.DEPBAR) for every few wgmma (HGMMA) failing the build.
 $(BUILD)/obj/src/cuda/sm90/%.o: src/cuda/sm90/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_EXTRA) -gencode arch=compute_90a,code=sm_90a $(CPPFLAGS_ALL) -MMD -MP -c $< -o $@ 2>$@.ptxas || { cat $@.ptxas >&2; exit 1; }
 	@cat $@.ptxas >&2; if grep -q C7520 $@.ptxas; then \
 	  echo "error: ptxas serialized the wgmma of $< (C7520 above)" >&2; rm -f $@; exit 1; fi
+	@if command -v $(CUOBJDUMP) >/dev/null 2>&1; then \
+	  $(CUOBJDUMP) -sass $@ > $@.sass || exit 1; \
+	  n=$$(grep -c HGMMA $@.sass); w=$$(grep -c WARPGROUP.DEPBAR $@.sass); \
+	  if [ $$((4 * w)) -gt $$n ]; then echo "error: $<: $$w wgmma waits for $$n wgmma in the" \
+	    "machine code: ptxas serialized them (without C7520)" >&2; rm -f $@; exit 1; fi; fi
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)

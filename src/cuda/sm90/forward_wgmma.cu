@@ -61,16 +61,6 @@
 #ifndef SMLA_FWD90_SPLIT_FULL
 #define SMLA_FWD90_SPLIT_FULL 0
 #endif
-/* SMLA_FWD90_EARLY_S (session 14, not yet measured; default 0): an own tile's S is issued
- * as soon as the tile has landed, queued behind the cross PV of the tile before (the
- * previous step of the same warpgroup, SS: no register operand), and that PV's completion
- * (wait<1>), which releases its stage, is taken after S's issue instead of before the full
- * wait: FlashMLA's "next S behind the cross PV". Predicted: S's issue and the wait's round
- * trip off each own tile, ~0.05-0.1 us of the 2.44 a tile at N = 128, nothing where the
- * gathers set the pace. */
-#ifndef SMLA_FWD90_EARLY_S
-#define SMLA_FWD90_EARLY_S 0
-#endif
 
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
@@ -306,18 +296,14 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     const uint32_t kvb = kv_s + st * TILE;
     const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
     float *xmj = (float *)(smem + L.xm) + st * 128u; /* [m, top][64] after tile j */
-    const bool own = (j & 1) == wg;
-    /* The PV of tile j-1 (this warpgroup's part; RS: pa was read until here) is done.
-     * EARLY_S: an own tile takes this wait after its S is issued (below). */
-    if (!SMLA_FWD90_EARLY_S || !own) {
-      wg_wait<0>();
+    /* The PV of tile j-1 (this warpgroup's part; RS: pa was read until here) is done. */
+    wg_wait<0>();
 #pragma unroll
-      for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
-      w11_pin_o(O);
-      if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
-    }
+    for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+    w11_pin_o(O);
+    if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
     W11_PHASE(1);
-    if (!own) { /* CROSS(j) */
+    if ((j & 1) != wg) { /* CROSS(j) */
       mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
       W11_PHASE(1);
       fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
@@ -369,11 +355,6 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
                            wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
       }
     wg_commit();
-    if (SMLA_FWD90_EARLY_S) { /* the cross PV of tile j-1 (the group before S) is done */
-      wg_wait<1>();
-      w11_pin_o(O);
-      if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
-    }
     wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; i++) wg_pin(s[i]);
