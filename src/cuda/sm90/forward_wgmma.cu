@@ -61,6 +61,23 @@
 #ifndef SMLA_FWD90_SPLIT_FULL
 #define SMLA_FWD90_SPLIT_FULL 0
 #endif
+/* SMLA_FWD90_EARLY_S (session 14, compiled, not yet measured; default 0): an own tile's S
+ * is issued as soon as its rows have landed, queued behind the other tile's PV (the step
+ * before, SS: no register operand), whose completion (wait 1), which releases its stage,
+ * is taken after S's issue instead of before the full wait: FlashMLA's "next S behind the
+ * cross PV". Predicted: S's issue (~36 wgmma) and a wait's round trip leave the relay
+ * chain, ~8-10% at N = 128 (docs/design/cuda-sm90-forward.md, session 14).
+ * ptxas 13.0 keeps the wgmma asynchronous across a wait 1 only under conditions found by
+ * trial (session 14; otherwise it serializes every wgmma of the kernel, mostly without a
+ * C7520 line, which the Makefile's machine-code check catches): both pending groups issued
+ * in the same loop iteration, the same pending groups on every path to the wait (no empty
+ * commit on a branch in place of a step), and no `break` between the two steps of an
+ * iteration. Hence each warpgroup runs its own loop of pairs, the other's tile j - 1 then
+ * its own tile j (w11_loop<DR, WG>), warpgroup 0's tile 0 peeled off before it and a
+ * last other's tile after it. */
+#ifndef SMLA_FWD90_EARLY_S
+#define SMLA_FWD90_EARLY_S 0
+#endif
 
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
@@ -84,7 +101,8 @@ __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   l.red = dr ? l.p + W_KB_BYTES : l.xm + 1024u; /* [2][64] float */
   l.rowmax = l.red + 2u * 64u * 4u; /* [64] float: the max each row's sum is relative to */
   l.rowtop = l.rowmax + 64u * 4u; /* [64] float: each row's largest logit (max_logit) */
-  l.mask = l.rowtop + 64u * 4u;  /* at 64: [2] uint64, each stage's used-entry bits */
+  l.mask = l.rowtop + 64u * 4u;  /* at 64: [2] uint64, each stage's used-entry bits; at 0
+                                    (EARLY_S): the block's tile count */
   l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], pready[2] (, full_b2[2]) */
   l.total = l.bar + (SMLA_FWD90_SPLIT_FULL ? 8u : 6u) * 8u;
   return l;
@@ -246,9 +264,6 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
   wg_commit();
 }
 
-/* One compute warpgroup's tiles: O (its 256 columns), m_run, l_run (its own tiles' share of
- * the row sums) and m_top as the epilogue expects them; both warpgroups end at the same
- * m_run and m_top. */
 /* A probe build (kind 11) sums compute thread 0's time over its tiles in pt[1..6]: 1 the
  * wait for the PV before (and, on the other's tiles, the wait on pready: since session 14, so
  * that 2 is the gathers' share alone), 2 the wait on full (own tiles), 3 S issued
@@ -264,46 +279,48 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
     }                                                                                      \
   } while (0)
 #define W11_PROBE_ARGS , unsigned long long *pt
+#define W11_STEP_PROBE_ARGS , unsigned long long *pt, unsigned long long &plast
+#define W11_STEP_PROBE , pt, plast
 #else
 #define W11_PHASE(k_)
 #define W11_PROBE_ARGS
+#define W11_STEP_PROBE_ARGS
+#define W11_STEP_PROBE
 #endif
 
-template <int DR>
-__device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles, uint8_t *smem,
-                                         uint32_t sbase, const w_layout &L, int wg,
-                                         float O[2][64], float m_run[2], float l_run[2],
-                                         float m_top[2] W11_PROBE_ARGS) {
-#if SMLA_PROBE
-  unsigned long long plast = probe_now();
-#endif
+/* One step of a compute warpgroup: tile j, its own (OWN) or the other's (CROSS), as the
+ * comment above w11_loop describes; the state (O, the row statistics, s, pa, q_s) lives in
+ * the caller. EARLY: SMLA_FWD90_EARLY_S's order for an own tile. */
+template <int DR, bool EARLY>
+__device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *smem,
+                                         uint32_t sbase, const w_layout &L, int wg, int j,
+                                         bool own, float O[2][64], float m_run[2],
+                                         float l_run[2], float m_top[2], float s[32],
+                                         uint32_t pa[16], uint32_t &q_s W11_STEP_PROBE_ARGS) {
   constexpr int KB = (512 + DR) / 64;
   constexpr uint32_t TILE = KB * W_KB_BYTES;
   const float NEG_INF = -INFINITY;
   const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
   const uint32_t kv_s = sbase + L.kv;
-  uint32_t q_s = sbase + L.q;
   const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, pready_b = full_b + 32u;
   const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask + 64);
-  float s[32];
-  uint32_t pa[16];
-#pragma unroll
-  for (int i = 0; i < 16; i++) pa[i] = 0u;
-#pragma unroll 1
-  for (int j = 0; j < ntiles; j++) {
+  {
     const uint32_t st = (uint32_t)(j & 1), par = (uint32_t)((j >> 1) & 1);
     const uint32_t kvb = kv_s + st * TILE;
     const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
     float *xmj = (float *)(smem + L.xm) + st * 128u; /* [m, top][64] after tile j */
-    /* The PV of tile j-1 (this warpgroup's part; RS: pa was read until here) is done. */
-    wg_wait<0>();
+    /* The PV of tile j-1 (this warpgroup's part; RS: pa was read until here) is done.
+     * EARLY: an own tile takes this wait after its S is issued (below). */
+    if (!EARLY || !own) {
+      wg_wait<0>();
 #pragma unroll
-    for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
-    w11_pin_o(O);
-    if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
+      for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+      w11_pin_o(O);
+      if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
+    }
     W11_PHASE(1);
-    if ((j & 1) != wg) { /* CROSS(j) */
+    if (!own) { /* CROSS(j) */
       mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
       W11_PHASE(1);
       fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
@@ -323,7 +340,7 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
       if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
       w11_pv_ss(O, pblk, kvb, wg);
       W11_PHASE(6);
-      continue;
+      return;
     }
     /* OWN(j) */
     mbar_wait(full_b + 8u * st, par); /* tile j (and Q; SPLIT_FULL: its first part) */
@@ -331,6 +348,9 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     fence_proxy_async();
     const uint64_t um = umask[st] >> (2 * tig); /* bit 8 n + e: column 8 n + 2 tig + e used */
     asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
+    uint32_t kv_sb = kvb; /* EARLY: the same for the stage (warpgroup 0's peeled tile 0:
+                             its descriptors were hoisted and spilled) */
+    if (EARLY) asm volatile("mov.u32 %0, %0;" : "+r"(kv_sb));
 #pragma unroll
     for (int i = 0; i < 32; i++) s[i] = 0.0f;
 #pragma unroll
@@ -352,12 +372,17 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
           wg_fence();
         }
         wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
-                           wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
+                           wg_desc(kv_sb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
       }
     wg_commit();
+    if (EARLY) { /* the other's PV of tile j-1 (the group before S) is done */
+      wg_wait<1>();
+      if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
+    }
     wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; i++) wg_pin(s[i]);
+    if (EARLY) w11_pin_o(O);
     W11_PHASE(3);
 
     float tmax[2] = {NEG_INF, NEG_INF};
@@ -422,6 +447,46 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     w11_pv_rs(O, pa, kvb, wg);
     W11_PHASE(6);
   }
+}
+
+/* One compute warpgroup's tiles: O (its 256 columns), m_run, l_run (its own tiles' share of
+ * the row sums) and m_top as the epilogue expects them; both warpgroups end at the same
+ * m_run and m_top. WG: -1, one tile a step, the role from `wg` at run time (the default);
+ * 0 or 1, SMLA_FWD90_EARLY_S's loop of pairs for that warpgroup. */
+template <int DR, int WG>
+__device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles, uint8_t *smem,
+                                         uint32_t sbase, const w_layout &L, int wg,
+                                         float O[2][64], float m_run[2], float l_run[2],
+                                         float m_top[2] W11_PROBE_ARGS) {
+#if SMLA_PROBE
+  unsigned long long plast = probe_now();
+#endif
+  uint32_t q_s = sbase + L.q;
+  float s[32];
+  uint32_t pa[16];
+#pragma unroll
+  for (int i = 0; i < 16; i++) pa[i] = 0u;
+#define W11_STEP(early_, j_, own_)                                                          \
+  w11_step<DR, early_>(a, smem, sbase, L, WG >= 0 ? WG : wg, (j_), (own_), O, m_run, l_run,  \
+                       m_top, s, pa, q_s W11_STEP_PROBE)
+  if (WG < 0) {
+#pragma unroll 1
+    for (int j = 0; j < ntiles; j++) W11_STEP(false, j, (j & 1) == wg);
+  } else {
+    /* The tile count as thread 0 stored it before the block's first barrier, not carried
+     * in a register across setmaxnreg (ptxas spilled it here: 4 bytes, reloaded at every
+     * use). */
+    ntiles = *(volatile const int *)(smem + L.mask);
+    if (WG == 0) W11_STEP(true, 0, true);
+    int j = WG == 0 ? 2 : 1;
+#pragma unroll 1
+    for (; j < ntiles; j += 2) { /* the other's j - 1, own j */
+      W11_STEP(true, j - 1, false);
+      W11_STEP(true, j, true);
+    }
+    if (j == ntiles) W11_STEP(true, j - 1, false); /* the last tile, the other's */
+  }
+#undef W11_STEP
   wg_wait<0>();
 #pragma unroll
   for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
@@ -490,6 +555,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);
     mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128);
     if (SMLA_FWD90_SPLIT_FULL) mbar_init(full_b + 48u, 128), mbar_init(full_b + 56u, 128);
+    if (SMLA_FWD90_EARLY_S) *(int *)(smem + L.mask) = ntiles;
   }
   __syncthreads();
   if (tid >= W_THREADS) {
@@ -553,11 +619,15 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f}, m_top[2] = {NEG_INF, NEG_INF};
 
   if (ntiles > 0) {
-    w11_loop<DR>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top
 #if SMLA_PROBE
-                 , probe_t_
+#define W11_LOOP(wg_) w11_loop<DR, wg_>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top, probe_t_)
+#else
+#define W11_LOOP(wg_) w11_loop<DR, wg_>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top)
 #endif
-    );
+    if (!SMLA_FWD90_EARLY_S) W11_LOOP(-1);
+    else if (wg == 0) W11_LOOP(0);
+    else W11_LOOP(1);
+#undef W11_LOOP
     /* The combine kernel (a programmatic dependent, smla_cuda_merge_args.pdl) may be
      * scheduled from here on; it waits for this grid's completion before it reads. */
     griddep_launch_dependents();
