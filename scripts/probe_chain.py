@@ -8,9 +8,10 @@ Each `probe kind block blocks extra t0..t7` line is thread 0 of the first or las
 of one launch: kind 0 / 1 the generic forward (combine after it / merged in the kernel),
 2 the merge4 combine, 3 merge3, 11 the sm90 forward (v11; 10 was v3 / v7's, before
 a8812ff, kept here for older logs). Stamps (ns, %globaltimer):
-- generic forward: t0 entry, t1 after the dependency wait, t2 tile 0's gathers issued
-  (thread 0's slot arrived; BF16 only, else 0), t3 tile 0 landed, t4 tile loop done, t5
-  row sums exchanged, t6 epilogue's stores issued;
+- generic forward: t0 entry, t1 after the dependency wait, t7 the slots' loads and Q's
+  copies issued (from session 14 on), t2 tile 0's gathers issued (thread 0's slot arrived;
+  BF16 only, else 0), t3 tile 0 landed, t4 tile loop done, t5 row sums exchanged, t6
+  epilogue's stores issued;
 - combine: t0 entry, t1 after the dependency wait, t6 done;
 - sm90 forward, kind 11: t0 entry, t1..t6 compute thread 0's phases summed over its tiles
   (the wait for the PV before, and on the other warpgroup's tiles the pready wait; the
@@ -86,8 +87,11 @@ def main():
                 print(f"  per tile: {what:30s} {per / 1e3:6.3f} us")
         elif k in (0, 1):
             issued = all(x[4][2] for x in es)  # t2 is stamped for BF16 only
+            split7 = issued and all(x[4][7] for x in es)  # t7: from session 14 on
             steps = ((0, 1, "entry -> dependency met"),) + (
-                ((1, 2, "-> tile 0 issued"), (2, 3, "-> tile 0 landed")) if issued else
+                ((1, 7, "-> slots, Q issued"), (7, 2, "-> tile 0 issued")) if split7 else
+                ((1, 2, "-> tile 0 issued"),) if issued else ()) + (
+                ((2, 3, "-> tile 0 landed"),) if issued else
                 ((1, 3, "-> tile 0 landed"),)) + (
                 (3, 4, "-> tile loop done"), (4, 5, "-> row sums exchanged"),
                 (5, 6, "-> epilogue done"))

@@ -350,6 +350,7 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
                   head < a.num_heads ? 16 : 0);
     }
     if (!SMLA_FWD_SLOTS_FIRST) spipe = slot_pipe_start(a, req, slot_row, ks, kend, lr);
+    PROBE_STAMP(7); /* the slots' loads and Q's copies issued (nothing waited for yet) */
 
     /* Gathers tile j's row lr (this thread's quarter) into a bf16 KV buffer or a raw one. */
 #define ISSUE_TILE(j, dst_row)                                                              \
