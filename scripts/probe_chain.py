@@ -16,7 +16,8 @@ a8812ff, kept here for older logs). Stamps (ns, %globaltimer):
 - sm90 forward, kind 11: t0 entry, t1..t6 compute thread 0's phases summed over its tiles
   (the wait for the PV before, and on the other warpgroup's tiles the pready wait; the
   full wait of its own tiles (before session 14: full or pready); S; the logits, max and
-  exponentials; P and m stored and published; the rescale and PV issued), t7 done;
+  exponentials; P and m stored and published; the rescale and PV issued), t7 done
+  (an SMLA_FWD90_EARLY_S build: an own tile's wait for the PV before falls in S's phase);
 - sm90 forward, kind 10 (v3 / v7): t0 entry, t1 tile 0 landed, t2 tile loop done, t3..t6
   per-tile phases (softmax to the row-max rendezvous, to the P rendezvous, PV issued and
   waited for, the rest), t7 done.

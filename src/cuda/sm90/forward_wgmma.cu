@@ -25,7 +25,8 @@
  * 16-byte chunk c of row r stored at chunk c ^ (r % 8)): Q 9 x 8 KB, KV 2 stages x 9 x 8
  * KB, an 8 KB block at p (dr = 64: it holds only xm, 1 KB; dr = 0: P of stage 0, then P of
  * stage 1 and xm follow), row sums, maxima and largest logits, the used-entry words (at
- * offset 64 of a 256-byte region: the layout the earlier loops shared), mbarriers. dr =
+ * offset 64 of a 256-byte region: the layout the earlier loops shared; EARLY_S keeps the
+ * block's tile count at offset 0), mbarriers. dr =
  * 64: 225 KB (+1 KB alignment slack) of the 227 KB opt-in, checked below at compile time. A masked entry's row is zero-filled without reading the cache and its
  * logits are -inf, so NaN in unused rows cannot leak in.
  * Epilogue: the final row (one split), a partial row for the combine kernel, or with
@@ -52,12 +53,13 @@
  * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
 #define W_OST_STRIDE 520
 
-/* SMLA_FWD90_SPLIT_FULL (prepared in session 13; default 0; its first measured build had
- * every wgmma serialized by ptxas, C7520, so that measurement says nothing): each tile
- * lands in two parts with a full barrier each, column blocks 0-3 (32 KB, issued first) and
- * the rest, and S(j) starts on the first part while the second is in flight (FlashMLA's
- * order). Predicted: ~0.14 us a tile where the gathers set the pace (half the part
- * issued first's S, 16 of 36 wgmma, off each tile's chain), nothing where they do not. */
+/* SMLA_FWD90_SPLIT_FULL (session 13; default 0, not kept): each tile lands in two parts
+ * with a full barrier each, column blocks 0-3 (32 KB, issued first) and the rest, and S(j)
+ * starts on the first part while the second is in flight (FlashMLA's order). Predicted
+ * ~0.14 us a tile; measured (H100, bench/RESULTS.md session 14 call 2) 2-3% slower at
+ * N = 128, equal at N = 64: at N = 128 the own tile's full wait it attacks is 0.19 us a
+ * tile (the relay chain, not the rows, sets the pace). Its first build (call 1) had every
+ * wgmma serialized by ptxas (C7520) and measured nothing. */
 #ifndef SMLA_FWD90_SPLIT_FULL
 #define SMLA_FWD90_SPLIT_FULL 0
 #endif
@@ -207,6 +209,8 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
  *             arrive on pready | O *= alpha where a row moved | O += P(j) V(j) (RS)
  *   CROSS(j): wait for the PV before and release its part of that stage | wait on pready
  *             | O and l rescaled to m(j) where a row moved | O += P(j) V(j) (SS)
+ * (SMLA_FWD90_EARLY_S: OWN(j) waits for tile j, issues S(j), then waits for the PV before,
+ * the other's tile's, with wait 1 and releases that stage, then waits for S.)
  * The reference max (and the largest logit, for max_logit) runs one way from tile to tile,
  * so each warpgroup's softmax runs while the other's S and PVs use the tensor cores, and
  * every row has the same reference in both warpgroups after each tile. A stage is released
@@ -268,7 +272,8 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
  * wait for the PV before (and, on the other's tiles, the wait on pready: since session 14, so
  * that 2 is the gathers' share alone), 2 the wait on full (own tiles), 3 S issued
  * and waited for, 4 the logits, row max and exponentials, 5 P and m stored and published,
- * 6 l and O rescaled and the PV issued (own and the other's tiles). */
+ * 6 l and O rescaled and the PV issued (own and the other's tiles). With EARLY_S an own
+ * tile's phase 1 is empty and its wait for the PV before falls in phase 3. */
 #if SMLA_PROBE
 #define W11_PHASE(k_)                                                                      \
   do {                                                                                     \
@@ -289,7 +294,7 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
 #endif
 
 /* One step of a compute warpgroup: tile j, its own (OWN) or the other's (CROSS), as the
- * comment above w11_loop describes; the state (O, the row statistics, s, pa, q_s) lives in
+ * "v11: the relay" comment above describes; the state (O, the row statistics, s, pa, q_s) lives in
  * the caller. EARLY: SMLA_FWD90_EARLY_S's order for an own tile. */
 template <int DR, bool EARLY>
 __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *smem,
