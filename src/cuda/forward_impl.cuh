@@ -52,16 +52,6 @@
 #define FWD_THREADS SMLA_CUDA_FWD_THREADS
 #define FWD_MERGE_MAX_R SMLA_CUDA_FWD_MERGE_MAX_R
 
-/* SMLA_FWD_SLOTS_FIRST (default 1 since session 14; 0: Q's copies first): the slots'
- * loads go out before Q's copies, so that their round trip, which tile 0's gathers wait
- * on, runs under the Q issue (~50 instructions a copy; in the other order the loads wait
- * behind them, the copies' "memory" clobber keeping the compiler from hoisting them).
- * Measured (H100, bench/RESULTS.md session 14 call 1, N = 16): 0.6-1.8% at T = 16..4096,
- * nothing at T = 1 (predicted 0.2-0.4 us there). docs/design/decode-one-launch.md. */
-#ifndef SMLA_FWD_SLOTS_FIRST
-#define SMLA_FWD_SLOTS_FIRST 1
-#endif
-
 /* Two e4m3 (low byte first) -> two floats, exact (through f16). */
 __device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
@@ -339,17 +329,19 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
   if (ntiles > 0) {
     const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
     /* Two tiles ahead (one for the fp8 formats: their 64-head instance has no register
-     * to spare: 28 bytes of spills with two). SMLA_FWD_SLOTS_FIRST: see the top. */
+     * to spare: 28 bytes of spills with two). The slots' loads go out before Q's copies,
+     * so that their round trip, which tile 0's gathers wait on, runs under the Q issue
+     * (~50 instructions a copy; the copies' "memory" clobber keeps the compiler from
+     * hoisting the loads above them). Against the other order (H100, bench/RESULTS.md
+     * session 14 call 1, N = 16): 0.6-1.8% at T = 16..4096, nothing at T = 1. */
     constexpr bool PIPE_DEEP = FMT == FMT_BF16;
-    slot_pipe spipe;
-    if (SMLA_FWD_SLOTS_FIRST) spipe = slot_pipe_start(a, req, slot_row, ks, kend, lr);
+    slot_pipe spipe = slot_pipe_start(a, req, slot_row, ks, kend, lr);
     /* Q rows (heads h0..h0+M-1), zero past N. Joins the first cp.async group. */
     for (int idx = tid; idx < M * QCH; idx += FWD_THREADS) {
       const int row = idx / QCH, c = idx - row * QCH, head = h0 + row;
       cp_async_16(q_s + swz(row, c, ROWB), q_chunk_src(a, t, head, c),
                   head < a.num_heads ? 16 : 0);
     }
-    if (!SMLA_FWD_SLOTS_FIRST) spipe = slot_pipe_start(a, req, slot_row, ks, kend, lr);
     PROBE_STAMP(7); /* the slots' loads and Q's copies issued (nothing waited for yet) */
 
     /* Gathers tile j's row lr (this thread's quarter) into a bf16 KV buffer or a raw one. */

@@ -53,16 +53,6 @@
  * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
 #define W_OST_STRIDE 520
 
-/* SMLA_FWD90_SPLIT_FULL (session 13; default 0, not kept): each tile lands in two parts
- * with a full barrier each, column blocks 0-3 (32 KB, issued first) and the rest, and S(j)
- * starts on the first part while the second is in flight (FlashMLA's order). Predicted
- * ~0.14 us a tile; measured (H100, bench/RESULTS.md session 14 call 2) 2-3% slower at
- * N = 128, equal at N = 64: at N = 128 the own tile's full wait it attacks is 0.19 us a
- * tile (the relay chain, not the rows, sets the pace). Its first build (call 1) had every
- * wgmma serialized by ptxas (C7520) and measured nothing. */
-#ifndef SMLA_FWD90_SPLIT_FULL
-#define SMLA_FWD90_SPLIT_FULL 0
-#endif
 /* SMLA_FWD90_EARLY_S (session 14, compiled, not yet measured; default 0): an own tile's S
  * is issued as soon as its rows have landed, queued behind the other tile's PV (the step
  * before, SS: no register operand), whose completion (wait 1), which releases its stage,
@@ -106,7 +96,7 @@ __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   l.mask = l.rowtop + 64u * 4u;  /* at 64: [2] uint64, each stage's used-entry bits; at 0
                                     (EARLY_S): the block's tile count */
   l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], pready[2] (, full_b2[2]) */
-  l.total = l.bar + (SMLA_FWD90_SPLIT_FULL ? 8u : 6u) * 8u;
+  l.total = l.bar + 6u * 8u;
   return l;
 }
 /* Both layouts, with the 1 KB slack that aligns the base, within the 227 KB opt-in (else
@@ -348,7 +338,7 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
       return;
     }
     /* OWN(j) */
-    mbar_wait(full_b + 8u * st, par); /* tile j (and Q; SPLIT_FULL: its first part) */
+    mbar_wait(full_b + 8u * st, par); /* tile j (and Q) */
     W11_PHASE(2);
     fence_proxy_async();
     const uint64_t um = umask[st] >> (2 * tig); /* bit 8 n + e: column 8 n + 2 tig + e used */
@@ -364,21 +354,9 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
 #pragma unroll
     for (int kb = 0; kb < KB; kb++)
 #pragma unroll
-      for (int k4 = 0; k4 < 4; k4++) {
-        if (SMLA_FWD90_SPLIT_FULL && kb == 4 && k4 == 0) { /* the tile's second part */
-          /* The first part's wgmma committed, and a fence of our own after the wait:
-           * else ptxas inserts one inside the wait's loop and serializes every wgmma of
-           * the kernel (C7520; the first measured build, session 14 call 1). */
-          wg_commit();
-          mbar_wait(full_b + 48u + 8u * st, par);
-          fence_proxy_async();
-#pragma unroll
-          for (int i = 0; i < 32; i++) wg_pin(s[i]);
-          wg_fence();
-        }
+      for (int k4 = 0; k4 < 4; k4++)
         wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
                            wg_desc(kv_sb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
-      }
     wg_commit();
     if (EARLY) { /* the other's PV of tile j-1 (the group before S) is done */
       wg_wait<1>();
@@ -498,11 +476,11 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
   w11_pin_o(O);
 }
 
-/* A gather warp's copies of column blocks [CB0, CB1) of its 16 rows of a tile into the
- * stage at base: 4 rows an instruction, lane (rl, cl) chunk cl of row 4 rg + rl; the slot
- * sc and used bit u_mine of row 16 pw + r sit in lane r (and r + 16). */
-template <int CB0, int CB1>
-__device__ __forceinline__ void w_gather_part(const smla_cuda_fwd_args &a, uint32_t base,
+/* A gather warp's copies of its 16 rows of a tile (KB column blocks) into the stage at
+ * base: 4 rows an instruction, lane (rl, cl) chunk cl of row 4 rg + rl; the slot sc and
+ * used bit u_mine of row 16 pw + r sit in lane r (and r + 16). */
+template <int KB>
+__device__ __forceinline__ void w_gather_rows(const smla_cuda_fwd_args &a, uint32_t base,
                                               int pw, int rl, int cl, int32_t sc, int u_mine) {
 #pragma unroll 1
   for (int rg = 0; rg < 4; rg++) {
@@ -511,7 +489,7 @@ __device__ __forceinline__ void w_gather_part(const smla_cuda_fwd_args &a, uint3
     const int u = __shfl_sync(0xffffffffu, u_mine, rr);
     const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
 #pragma unroll
-    for (int cb = CB0; cb < CB1; cb++)
+    for (int cb = 0; cb < KB; cb++)
       cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
   }
 }
@@ -559,7 +537,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     mbar_init(full_b, 132), mbar_init(full_b + 8u, 132);
     mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);
     mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128);
-    if (SMLA_FWD90_SPLIT_FULL) mbar_init(full_b + 48u, 128), mbar_init(full_b + 56u, 128);
     if (SMLA_FWD90_EARLY_S) *(int *)(smem + L.mask) = ntiles;
   }
   __syncthreads();
@@ -599,14 +576,9 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
           }
         }
         const uint32_t base = kv_s + st * TILE;
-        if (SMLA_FWD90_SPLIT_FULL) { /* column blocks 0-3 first, with their own arrival */
-          w_gather_part<0, 4>(a, base, pw, rl, cl, sc, u_mine);
-          mbar_arrive_cp_async_noinc(full_b + 8u * st);
-        }
-        w_gather_part<SMLA_FWD90_SPLIT_FULL ? 4 : 0, KB>(a, base, pw, rl, cl, sc, u_mine);
-        /* This thread's arrival, once its copies have landed (SPLIT_FULL: the second
-         * part's barrier). */
-        mbar_arrive_cp_async_noinc(full_b + (SMLA_FWD90_SPLIT_FULL ? 48u : 0u) + 8u * st);
+        w_gather_rows<KB>(a, base, pw, rl, cl, sc, u_mine);
+        /* This thread's arrival, once its copies have landed. */
+        mbar_arrive_cp_async_noinc(full_b + 8u * st);
       }
     }
   } else {
