@@ -20,7 +20,8 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
 #define SMLA_CP_ASYNC_L2_256B 0
 #endif
 
-/* SMLA_CP_ASYNC_EVICT_LAST=1 (experiment, not yet measured): every cp.async carries an
+/* SMLA_CP_ASYNC_EVICT_LAST=1 (experiment; measured in session 11, no gain, off: bench/
+ * RESULTS.md, session 11): every cp.async carries an
  * L2 evict_last cache policy, as FlashMLA's gathers do, so that a row the other head
  * group's block (N = 128) reads soon after is still in L2; at N <= 64 a row is read once
  * and the hint can only crowd L2. */
