@@ -70,6 +70,13 @@
 #ifndef SMLA_FWD90_EARLY_S
 #define SMLA_FWD90_EARLY_S 0
 #endif
+/* SMLA_FWD90_S_AHEAD (session 15, v12; default 0 while it is measured): an own tile's S is
+ * issued as soon as its rows land, before the wait for the other warpgroup's P of the tile
+ * before (w12_pair below). Predicted: ~1.3-1.6 us a tile at N = 128 (v11: 2.45). */
+#ifndef SMLA_FWD90_S_AHEAD
+#define SMLA_FWD90_S_AHEAD 0
+#endif
+#define W_PAIRS (SMLA_FWD90_EARLY_S || SMLA_FWD90_S_AHEAD) /* a loop of pairs a warpgroup */
 
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
@@ -283,6 +290,113 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
 #define W11_STEP_PROBE
 #endif
 
+/* The other warpgroup's tile j, once pready has come: m(j) and the largest logit from xm,
+ * l and (where a row of this warp moved) O rescaled to m(j). */
+__device__ __forceinline__ void w11_take_m(const float *xmj, int r0, float O[2][64],
+                                           float m_run[2], float l_run[2], float m_top[2]) {
+  const float NEG_INF = -INFINITY;
+  float f[2];
+  bool moved = false;
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int row = r0 + 8 * hh;
+    const float mj = xmj[row];
+    m_top[hh] = xmj[64 + row];
+    moved |= !(mj == m_run[hh]); /* NaN moves */
+    const float use = mj == NEG_INF ? 0.0f : mj;
+    f[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
+    l_run[hh] *= f[hh];
+    m_run[hh] = mj;
+  }
+  if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
+}
+
+/* S = Q K^T of the stage at kv_sb issued as one commit group (s zeroed first). */
+template <int KB>
+__device__ __forceinline__ void w11_s_issue(float s[32], uint32_t q_s, uint32_t kv_sb) {
+#pragma unroll
+  for (int i = 0; i < 32; i++) s[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; i++) wg_pin(s[i]);
+  wg_fence();
+#pragma unroll
+  for (int kb = 0; kb < KB; kb++)
+#pragma unroll
+    for (int k4 = 0; k4 < 4; k4++)
+      wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
+                         wg_desc(kv_sb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
+  wg_commit();
+}
+
+/* An own tile's softmax, S (done) in s: logits masked by the stage's used-entry word um
+ * (shifted to this thread), the row max from m_run (lazy, v10), P to pa and to the P block
+ * at pb, m(j) and the largest logit to xmj, then this thread's arrival on pready. Returns
+ * whether a row of this warp moved; alpha and lsum for the caller's l and O. */
+__device__ __forceinline__ bool w11_softmax(const smla_cuda_fwd_args &a, float s[32],
+                                            uint64_t um, int r0, int tig, float m_run[2],
+                                            float m_top[2], float alpha[2], float lsum[2],
+                                            uint32_t pa[16], uint8_t *pb, float *xmj,
+                                            uint32_t pready_bar W11_STEP_PROBE_ARGS) {
+  const float NEG_INF = -INFINITY;
+  float tmax[2] = {NEG_INF, NEG_INF};
+  fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float v = s[4 * n + e];
+      v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
+      s[4 * n + e] = v;
+      tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
+    }
+  float mls[2];
+  bool moved = false;
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
+    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
+    m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
+    float m_new = fmax_nan(m_run[hh], tmax[hh]); /* NaN: out, lse, max NaN */
+    /* Lazy (v10): the reference stays while the max grew by at most W_TAU. */
+    if (W_TAU > 0.0f && m_new - m_run[hh] <= W_TAU) m_new = m_run[hh];
+    else moved = true;
+    const float use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
+    alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
+    m_run[hh] = m_new;
+    mls[hh] = use * FWD_LOG2E;
+    lsum[hh] = 0.0f;
+  }
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
+      const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
+      lsum[hh] += p0 + p1;
+      pa[2 * n + hh] = pack_bf16x2(p0, p1);
+    }
+#if SMLA_PROBE
+#pragma unroll
+  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+#endif
+  W11_PHASE(4);
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+      *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
+  if (tig == 0)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) xmj[r0 + 8 * hh] = m_run[hh], xmj[64 + r0 + 8 * hh] = m_top[hh];
+  fence_proxy_async(); /* P visible to the other warpgroup's wgmma */
+  /* Every thread arrives for its own P and xm stores (one arrival a warp after
+   * __syncwarp measured the same, bench/RESULTS.md session 13 run 3, and racecheck,
+   * which does not order the other lanes' stores before lane 0's arrival, flagged it). */
+  mbar_arrive(pready_bar);
+  W11_PHASE(5);
+  return moved;
+}
+
 /* One step of a compute warpgroup: tile j, its own (OWN) or the other's (CROSS), as the
  * "v11: the relay" comment above describes; the state (O, the row statistics, s, pa, q_s) lives in
  * the caller. EARLY: SMLA_FWD90_EARLY_S's order for an own tile. */
@@ -294,7 +408,6 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
                                          uint32_t pa[16], uint32_t &q_s W11_STEP_PROBE_ARGS) {
   constexpr int KB = (512 + DR) / 64;
   constexpr uint32_t TILE = KB * W_KB_BYTES;
-  const float NEG_INF = -INFINITY;
   const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
   const uint32_t kv_s = sbase + L.kv;
@@ -319,20 +432,7 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
       mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
       W11_PHASE(1);
       fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
-      float f[2];
-      bool moved = false;
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        const int row = r0 + 8 * hh;
-        const float mj = xmj[row];
-        m_top[hh] = xmj[64 + row];
-        moved |= !(mj == m_run[hh]); /* NaN moves */
-        const float use = mj == NEG_INF ? 0.0f : mj;
-        f[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-        l_run[hh] *= f[hh];
-        m_run[hh] = mj;
-      }
-      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
+      w11_take_m(xmj, r0, O, m_run, l_run, m_top);
       w11_pv_ss(O, pblk, kvb, wg);
       W11_PHASE(6);
       return;
@@ -346,18 +446,7 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     uint32_t kv_sb = kvb; /* EARLY: the same for the stage (warpgroup 0's peeled tile 0:
                              its descriptors were hoisted and spilled) */
     if (EARLY) asm volatile("mov.u32 %0, %0;" : "+r"(kv_sb));
-#pragma unroll
-    for (int i = 0; i < 32; i++) s[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 32; i++) wg_pin(s[i]);
-    wg_fence();
-#pragma unroll
-    for (int kb = 0; kb < KB; kb++)
-#pragma unroll
-      for (int k4 = 0; k4 < 4; k4++)
-        wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
-                           wg_desc(kv_sb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
-    wg_commit();
+    w11_s_issue<KB>(s, q_s, kv_sb);
     if (EARLY) { /* the other's PV of tile j-1 (the group before S) is done */
       wg_wait<1>();
       if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
@@ -367,69 +456,113 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     for (int i = 0; i < 32; i++) wg_pin(s[i]);
     if (EARLY) w11_pin_o(O);
     W11_PHASE(3);
-
-    float tmax[2] = {NEG_INF, NEG_INF};
-    fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float v = s[4 * n + e];
-        v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
-        s[4 * n + e] = v;
-        tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
-      }
-    float alpha[2], mls[2], lsum[2] = {0.0f, 0.0f};
-    bool moved = false;
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
-      tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
-      m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
-      float m_new = fmax_nan(m_run[hh], tmax[hh]); /* NaN: out, lse, max NaN */
-      /* Lazy (v10): the reference stays while the max grew by at most W_TAU. */
-      if (W_TAU > 0.0f && m_new - m_run[hh] <= W_TAU) m_new = m_run[hh];
-      else moved = true;
-      const float use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
-      alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-      m_run[hh] = m_new;
-      mls[hh] = use * FWD_LOG2E;
-    }
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
-        const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
-        lsum[hh] += p0 + p1;
-        pa[2 * n + hh] = pack_bf16x2(p0, p1);
-      }
-#if SMLA_PROBE
-#pragma unroll
-    for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
-#endif
-    W11_PHASE(4);
-    uint8_t *pb = smem + (pblk - sbase);
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++)
-        *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
-    if (tig == 0)
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) xmj[r0 + 8 * hh] = m_run[hh], xmj[64 + r0 + 8 * hh] = m_top[hh];
-    fence_proxy_async(); /* P visible to the other warpgroup's wgmma */
-    /* Every thread arrives for its own P and xm stores (one arrival a warp after
-     * __syncwarp measured the same, bench/RESULTS.md session 13 run 3, and racecheck,
-     * which does not order the other lanes' stores before lane 0's arrival, flagged it). */
-    mbar_arrive(pready_b + 8u * st);
-    W11_PHASE(5);
+    float alpha[2], lsum[2];
+    const bool moved = w11_softmax(a, s, um, r0, tig, m_run, m_top, alpha, lsum, pa,
+                                   smem + (pblk - sbase), xmj, pready_b + 8u * st W11_STEP_PROBE);
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
     if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
     w11_pv_rs(O, pa, kvb, wg);
     W11_PHASE(6);
   }
+}
+
+/* ---- v12: S ahead (SMLA_FWD90_S_AHEAD; docs/design/cuda-sm90-forward.md, session 15) ----
+ * v11's chain per tile is P(j) -> the PVs of tile j -> S(j+1) -> softmax(j+1) -> P(j+1):
+ * S(j+1) waits behind P(j) although it needs only its rows. Here a warpgroup issues the S
+ * of its own tile j as soon as the tile has landed, before it waits for P(j-1) of the
+ * other warpgroup, so S(j) runs on the tensor cores under the other's softmax(j-1); the
+ * chain per tile shrinks to pready -> softmax -> pready, and the tensor cores and the
+ * gathers set the pace. One pair a loop iteration (ptxas keeps the wgmma asynchronous
+ * only so; session 14): the other's tile j-1 (PREV) and the own tile j,
+ *   wait full(j) | S(j) issued | wait pready(j-1) | m(j-1), O rescaled where a row moved
+ *   | PV(j-1) issued (SS) | wait 1: S(j) done | softmax(j), P(j) published | wait 0:
+ *   PV(j-1) done, its stage released | O rescaled where a row moved | PV(j) issued (RS)
+ *   | wait 0: done, its stage released,
+ * with nothing pending between iterations (the next S needs this tile's stage refilled,
+ * so the last wait costs nothing the chain needs). */
+template <int DR, bool PREV>
+__device__ __forceinline__ void w12_pair(const smla_cuda_fwd_args &a, uint8_t *smem,
+                                         uint32_t sbase, const w_layout &L, int wg, int j,
+                                         float O[2][64], float m_run[2], float l_run[2],
+                                         float m_top[2], float s[32], uint32_t pa[16],
+                                         uint32_t &q_s W11_STEP_PROBE_ARGS) {
+  constexpr int KB = (512 + DR) / 64;
+  constexpr uint32_t TILE = KB * W_KB_BYTES;
+  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
+  const int tig = lane & 3, r0 = 16 * wq + (lane >> 2);
+  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, pready_b = full_b + 32u;
+  const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask + 64);
+  const uint32_t st = (uint32_t)(j & 1), so = st ^ 1u;
+  const uint32_t kvb = sbase + L.kv + st * TILE, kvo = sbase + L.kv + so * TILE;
+  const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
+  const uint32_t pblo = DR ? kvo + 8u * W_KB_BYTES : sbase + L.p + so * W_KB_BYTES;
+  float *xmj = (float *)(smem + L.xm) + st * 128u, *xmo = (float *)(smem + L.xm) + so * 128u;
+
+  mbar_wait(full_b + 8u * st, (uint32_t)((j >> 1) & 1)); /* tile j (and Q) */
+  W11_PHASE(2);
+  fence_proxy_async();
+  const uint64_t um = umask[st] >> (2 * tig); /* bit 8 n + e: column 8 n + 2 tig + e used */
+  asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
+  uint32_t kv_sb = kvb;
+  asm volatile("mov.u32 %0, %0;" : "+r"(kv_sb));
+  w11_s_issue<KB>(s, q_s, kv_sb);
+  W11_PHASE(3);
+  if (PREV) { /* the other's tile j-1 */
+    mbar_wait(pready_b + 8u * so, (uint32_t)(((j - 1) >> 1) & 1)); /* P(j-1), m(j-1) */
+    W11_PHASE(1);
+    fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
+    w11_take_m(xmo, r0, O, m_run, l_run, m_top);
+    w11_pv_ss(O, pblo, kvo, wg);
+    W11_PHASE(6);
+    wg_wait<1>();
+  } else {
+    wg_wait<0>();
+  }
+#pragma unroll
+  for (int i = 0; i < 32; i++) wg_pin(s[i]);
+  W11_PHASE(3);
+  float alpha[2], lsum[2];
+  const bool moved = w11_softmax(a, s, um, r0, tig, m_run, m_top, alpha, lsum, pa,
+                                 smem + (pblk - sbase), xmj, pready_b + 8u * st W11_STEP_PROBE);
+  if (PREV) {
+    wg_wait<0>();
+    w11_pin_o(O);
+    if (lane == 0) mbar_arrive(empty_b + 8u * so);
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
+  if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
+  w11_pv_rs(O, pa, kvb, wg);
+  W11_PHASE(6);
+  wg_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+  w11_pin_o(O);
+  if (lane == 0) mbar_arrive(empty_b + 8u * st);
+  W11_PHASE(1);
+}
+
+/* v12's last tile of the other warpgroup's (no own tile after it). */
+template <int DR>
+__device__ __forceinline__ void w12_last(uint8_t *smem, uint32_t sbase, const w_layout &L,
+                                         int wg, int j, float O[2][64], float m_run[2],
+                                         float l_run[2], float m_top[2] W11_STEP_PROBE_ARGS) {
+  constexpr uint32_t TILE = (512 + DR) / 64 * W_KB_BYTES;
+  const int lane = threadIdx.x & 31, r0 = 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2);
+  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, pready_b = full_b + 32u;
+  const uint32_t st = (uint32_t)(j & 1);
+  const uint32_t kvb = sbase + L.kv + st * TILE;
+  const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
+  mbar_wait(pready_b + 8u * st, (uint32_t)((j >> 1) & 1));
+  W11_PHASE(1);
+  fence_proxy_async();
+  w11_take_m((float *)(smem + L.xm) + st * 128u, r0, O, m_run, l_run, m_top);
+  w11_pv_ss(O, pblk, kvb, wg);
+  wg_wait<0>();
+  w11_pin_o(O);
+  if (lane == 0) mbar_arrive(empty_b + 8u * st);
+  W11_PHASE(6);
 }
 
 /* One compute warpgroup's tiles: O (its 256 columns), m_run, l_run (its own tiles' share of
@@ -460,14 +593,23 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
      * in a register across setmaxnreg (ptxas spilled it here: 4 bytes, reloaded at every
      * use). */
     ntiles = *(volatile const int *)(smem + L.mask);
-    if (WG == 0) W11_STEP(true, 0, true);
-    int j = WG == 0 ? 2 : 1;
+    if (SMLA_FWD90_S_AHEAD) {
+      if (WG == 0) w12_pair<DR, false>(a, smem, sbase, L, WG, 0, O, m_run, l_run, m_top, s, pa, q_s W11_STEP_PROBE);
+      int j = WG == 0 ? 2 : 1;
 #pragma unroll 1
-    for (; j < ntiles; j += 2) { /* the other's j - 1, own j */
-      W11_STEP(true, j - 1, false);
-      W11_STEP(true, j, true);
+      for (; j < ntiles; j += 2) /* the other's j - 1, own j */
+        w12_pair<DR, true>(a, smem, sbase, L, WG, j, O, m_run, l_run, m_top, s, pa, q_s W11_STEP_PROBE);
+      if (j == ntiles) w12_last<DR>(smem, sbase, L, WG, j - 1, O, m_run, l_run, m_top W11_STEP_PROBE);
+    } else {
+      if (WG == 0) W11_STEP(true, 0, true);
+      int j = WG == 0 ? 2 : 1;
+#pragma unroll 1
+      for (; j < ntiles; j += 2) { /* the other's j - 1, own j */
+        W11_STEP(true, j - 1, false);
+        W11_STEP(true, j, true);
+      }
+      if (j == ntiles) W11_STEP(true, j - 1, false); /* the last tile, the other's */
     }
-    if (j == ntiles) W11_STEP(true, j - 1, false); /* the last tile, the other's */
   }
 #undef W11_STEP
   wg_wait<0>();
@@ -537,7 +679,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     mbar_init(full_b, 132), mbar_init(full_b + 8u, 132);
     mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);
     mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128);
-    if (SMLA_FWD90_EARLY_S) *(int *)(smem + L.mask) = ntiles;
+    if (W_PAIRS) *(int *)(smem + L.mask) = ntiles;
   }
   __syncthreads();
   if (tid >= W_THREADS) {
@@ -601,7 +743,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #else
 #define W11_LOOP(wg_) w11_loop<DR, wg_>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top)
 #endif
-    if (!SMLA_FWD90_EARLY_S) W11_LOOP(-1);
+    if (!W_PAIRS) W11_LOOP(-1);
     else if (wg == 0) W11_LOOP(0);
     else W11_LOOP(1);
 #undef W11_LOOP
