@@ -182,27 +182,27 @@ MUTANTS = [
       "generic kernel (BF16 and FP8_TENSOR caches) leaves the rope columns out of S",
       "forward"),
     M("gpu_sm90_dropped_rope", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "    for (int kb = 0; kb < KB; kb++)\n#pragma unroll\n      for (int k4 = 0; k4 < 4; k4++) {\n",
-      "    for (int kb = 0; kb < KB - DR / 64; kb++)\n#pragma unroll\n      for (int k4 = 0; k4 < 4; k4++) {\n",
+      "  for (int kb = 0; kb < KB; kb++)\n#pragma unroll\n    for (int k4 = 0; k4 < 4; k4++)\n      wgmma_m64n64k16_ss(",
+      "  for (int kb = 0; kb < (KB == 9 ? 8 : KB); kb++)\n#pragma unroll\n    for (int k4 = 0; k4 < 4; k4++)\n      wgmma_m64n64k16_ss(",
       "sm90 wgmma kernel (v11) leaves the rope block out of S", "forward"),
     M("gpu_sm90_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "      alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);",
-      "      alpha[hh] = m_run[hh] == NEG_INF ? 0.0f : 1.0f;",
+      "    alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);",
+      "    alpha[hh] = m_run[hh] == NEG_INF ? 0.0f : 1.0f;",
       "sm90 kernel (v11): a tile's own softmax never rescales the running output and sum "
       "when the max grows", "forward,wide"),
     M("gpu_relay_cross_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);\n      w11_pv_ss(",
-      "      w11_pv_ss(",
+      "  if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);\n}",
+      "}",
       "sm90 v11: the warpgroup that adds the other's tile keeps its output at the old "
       "reference max", "forward,wide"),
     M("gpu_relay_top_lost", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "        m_top[hh] = xmj[64 + row];",
+      "    m_top[hh] = xmj[64 + row];",
       "",
       "sm90 v11: the largest logit of the other warpgroup's tiles is not passed on "
       "(max_logit misses half the tiles)", "wide,forward_N_64,forward_N_96"),
     M("gpu_relay_mask_shift", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "const uint64_t um = umask[st] >> (2 * tig);",
-      "const uint64_t um = umask[st] >> tig;",
+      "  return umask[st] >> (2 * tig);",
+      "  return umask[st] >> tig;",
       "sm90 v11: each thread reads the used-entry bits of the wrong columns",
       "forward,wide"),
     M("gpu_cluster_merge_sink", "gpu", "src/cuda/sm90/forward_wgmma.cu",
@@ -347,6 +347,18 @@ def main():
         for m in todo:
             print("%-26s %-4s %-34s %s" % (m.name, m.target, m.path, m.what))
         return 0
+
+    # Every mutant's anchor, both targets, checked first: an anchor the code no longer has
+    # would otherwise surface only on a GPU run (one did: gpu_sm90_dropped_rope, session 14).
+    stale = []
+    for m in MUTANTS:
+        with open(os.path.join(ROOT, m.path)) as f:
+            n = f.read().count(m.old)
+        if n != 1:
+            stale.append("%s (%s in %s)" % (m.name, "not found" if n == 0 else "%d times" % n,
+                                            m.path))
+    if stale:
+        sys.exit("mutants: stale anchors, update the mutants with the code: " + "; ".join(stale))
 
     gpu = args.target == "gpu"
     work = args.keep or tempfile.mkdtemp(prefix="smla-mutants-")

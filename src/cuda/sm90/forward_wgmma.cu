@@ -311,6 +311,13 @@ __device__ __forceinline__ void w11_take_m(const float *xmj, int r0, float O[2][
   if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
 }
 
+/* The stage's used-entry word, shifted for this thread: bit 8 n + e says whether column
+ * 8 n + 2 tig + e of the tile is used. */
+__device__ __forceinline__ uint64_t w11_used_bits(const volatile uint64_t *umask, uint32_t st,
+                                                  int tig) {
+  return umask[st] >> (2 * tig);
+}
+
 /* S = Q K^T of the stage at kv_sb issued as one commit group (s zeroed first). */
 template <int KB>
 __device__ __forceinline__ void w11_s_issue(float s[32], uint32_t q_s, uint32_t kv_sb) {
@@ -441,7 +448,7 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     mbar_wait(full_b + 8u * st, par); /* tile j (and Q) */
     W11_PHASE(2);
     fence_proxy_async();
-    const uint64_t um = umask[st] >> (2 * tig); /* bit 8 n + e: column 8 n + 2 tig + e used */
+    const uint64_t um = w11_used_bits(umask, st, tig);
     asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
     uint32_t kv_sb = kvb; /* EARLY: the same for the stage (warpgroup 0's peeled tile 0:
                              its descriptors were hoisted and spilled) */
@@ -502,7 +509,7 @@ __device__ __forceinline__ void w12_pair(const smla_cuda_fwd_args &a, uint8_t *s
   mbar_wait(full_b + 8u * st, (uint32_t)((j >> 1) & 1)); /* tile j (and Q) */
   W11_PHASE(2);
   fence_proxy_async();
-  const uint64_t um = umask[st] >> (2 * tig); /* bit 8 n + e: column 8 n + 2 tig + e used */
+  const uint64_t um = w11_used_bits(umask, st, tig);
   asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
   uint32_t kv_sb = kvb;
   asm volatile("mov.u32 %0, %0;" : "+r"(kv_sb));
