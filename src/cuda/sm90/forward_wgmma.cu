@@ -72,7 +72,8 @@
 #endif
 /* SMLA_FWD90_S_AHEAD (session 15, v12; default 0 while it is measured): an own tile's S is
  * issued as soon as its rows land, before the wait for the other warpgroup's P of the tile
- * before (w12_pair below). Predicted: ~1.3-1.6 us a tile at N = 128 (v11: 2.45). */
+ * before (w12_pair below), in one loop of pairs whose role is read at run time.
+ * Predicted: ~1.3-1.6 us a tile at N = 128 (v11: 2.45). */
 #ifndef SMLA_FWD90_S_AHEAD
 #define SMLA_FWD90_S_AHEAD 0
 #endif
@@ -592,22 +593,24 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
 #define W11_STEP(early_, j_, own_)                                                          \
   w11_step<DR, early_>(a, smem, sbase, L, WG >= 0 ? WG : wg, (j_), (own_), O, m_run, l_run,  \
                        m_top, s, pa, q_s W11_STEP_PROBE)
-  if (WG < 0) {
+  if (WG < 0 && SMLA_FWD90_S_AHEAD) {
+    /* v12: one copy of the loop, the role at run time. The tile count as thread 0 stored
+     * it before the block's first barrier, not carried in a register across setmaxnreg
+     * (ptxas spilled it: 4 bytes, reloaded at every use). */
+    ntiles = *(volatile const int *)(smem + L.mask);
+    if (wg == 0) w12_pair<DR, false>(a, smem, sbase, L, wg, 0, O, m_run, l_run, m_top, s, pa, q_s W11_STEP_PROBE);
+    int j = wg == 0 ? 2 : 1;
+#pragma unroll 1
+    for (; j < ntiles; j += 2) /* the other's j - 1, own j */
+      w12_pair<DR, true>(a, smem, sbase, L, wg, j, O, m_run, l_run, m_top, s, pa, q_s W11_STEP_PROBE);
+    if (j == ntiles) w12_last<DR>(smem, sbase, L, wg, j - 1, O, m_run, l_run, m_top W11_STEP_PROBE);
+  } else if (WG < 0) {
 #pragma unroll 1
     for (int j = 0; j < ntiles; j++) W11_STEP(false, j, (j & 1) == wg);
   } else {
-    /* The tile count as thread 0 stored it before the block's first barrier, not carried
-     * in a register across setmaxnreg (ptxas spilled it here: 4 bytes, reloaded at every
-     * use). */
+    /* The tile count as thread 0 stored it (above). */
     ntiles = *(volatile const int *)(smem + L.mask);
-    if (SMLA_FWD90_S_AHEAD) {
-      if (WG == 0) w12_pair<DR, false>(a, smem, sbase, L, WG, 0, O, m_run, l_run, m_top, s, pa, q_s W11_STEP_PROBE);
-      int j = WG == 0 ? 2 : 1;
-#pragma unroll 1
-      for (; j < ntiles; j += 2) /* the other's j - 1, own j */
-        w12_pair<DR, true>(a, smem, sbase, L, WG, j, O, m_run, l_run, m_top, s, pa, q_s W11_STEP_PROBE);
-      if (j == ntiles) w12_last<DR>(smem, sbase, L, WG, j - 1, O, m_run, l_run, m_top W11_STEP_PROBE);
-    } else {
+    {
       if (WG == 0) W11_STEP(true, 0, true);
       int j = WG == 0 ? 2 : 1;
 #pragma unroll 1
@@ -750,7 +753,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #else
 #define W11_LOOP(wg_) w11_loop<DR, wg_>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top)
 #endif
-    if (!W_PAIRS) W11_LOOP(-1);
+    if (!SMLA_FWD90_EARLY_S) W11_LOOP(-1); /* v11, or v12 (S_AHEAD) */
     else if (wg == 0) W11_LOOP(0);
     else W11_LOOP(1);
 #undef W11_LOOP
