@@ -13,14 +13,10 @@ a8812ff, kept here for older logs). Stamps (ns, %globaltimer):
   BF16 only, else 0), t3 tile 0 landed, t4 tile loop done, t5 row sums exchanged, t6
   epilogue's stores issued;
 - combine: t0 entry, t1 after the dependency wait, t6 done;
-- sm90 forward, kind 11: t0 entry, t1..t6 compute thread 0's phases summed over its tiles,
-  t7 done. From session 15 (v12, S ahead): 1 the pready wait (the other's tiles) and the
-  wait for the own PV at the end of a pair; 2 the full wait (own tiles); 3 S issued, and
-  waited for after the other's PV issue; 4 the logits, max and exponentials; 5 P and m
-  stored and published; 6 the rescales and PV issues of both tiles of a pair, with the wait
-  for the other's PV. Before (v11): 1 the wait for the PV before, and on the other's tiles
-  the pready wait; 2 the full wait (before session 14: full or pready); 3 S issued and
-  waited; 4, 5 as now; 6 the rescale and PV issued;
+- sm90 forward, kind 11: t0 entry, t1..t6 compute thread 0's phases summed over its tiles
+  (the wait for the PV before, and on the other warpgroup's tiles the pready wait; the
+  full wait of its own tiles (before session 14: full or pready); S; the logits, max and
+  exponentials; P and m stored and published; the rescale and PV issued), t7 done;
 - sm90 forward, kind 10 (v3 / v7): t0 entry, t1 tile 0 landed, t2 tile loop done, t3..t6
   per-tile phases (softmax to the row-max rendezvous, to the P rendezvous, PV issued and
   waited for, the rest), t7 done.
@@ -62,7 +58,7 @@ def main():
         L["start"] = min(x[4][0] for x in L["ev"])
         L["end"] = max(x[4][7 if L["kind"] in (10, 11) else 6] for x in L["ev"])
     names = {0: "forward", 1: "forward+merge", 2: "merge4", 3: "merge3", 10: "sm90 forward",
-             11: "sm90 v11/v12 forward"}
+             11: "sm90 v11 forward"}
     print(f"{len(ev)} events, {len(launches)} launches")
     for k in sorted({L["kind"] for L in launches}):
         ls = [L for L in launches if L["kind"] == k]
@@ -74,9 +70,9 @@ def main():
             tiles = med([x[3] for x in es])
             print(f"  tiles a block (median) {tiles}")
             print(f"  entry -> end               {med([x[4][7] - x[4][0] for x in es]) / 1e3:6.2f} us")
-            for i, what in enumerate(("pready, PV waits", "full wait (own tiles)",
+            for i, what in enumerate(("PV before; cross: + pready", "full wait (own tiles)",
                                       "S issued, waited (own)", "logits, max, exp (own)",
-                                      "P, m stored, published (own)", "rescales, PV issues")):
+                                      "P, m stored, published (own)", "rescale, PV issued")):
                 per = med([x[4][1 + i] / max(x[3], 1) for x in es])
                 print(f"  per tile: {what:30s} {per / 1e3:6.3f} us")
         elif k == 10:

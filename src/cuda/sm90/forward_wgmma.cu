@@ -25,8 +25,7 @@
  * 16-byte chunk c of row r stored at chunk c ^ (r % 8)): Q 9 x 8 KB, KV 2 stages x 9 x 8
  * KB, an 8 KB block at p (dr = 64: it holds only xm, 1 KB; dr = 0: P of stage 0, then P of
  * stage 1 and xm follow), row sums, maxima and largest logits, the used-entry words (at
- * offset 64 of a 256-byte region: the layout the earlier loops shared; EARLY_S keeps the
- * block's tile count at offset 0), mbarriers. dr =
+ * offset 64 of a 256-byte region: the layout the earlier loops shared), mbarriers. dr =
  * 64: 225 KB (+1 KB alignment slack) of the 227 KB opt-in, checked below at compile time. A masked entry's row is zero-filled without reading the cache and its
  * logits are -inf, so NaN in unused rows cannot leak in.
  * Epilogue: the final row (one split), a partial row for the combine kernel, or with
@@ -53,31 +52,6 @@
  * per-thread fragment stores in bench/RESULTS.md, 2026-12-04): floats per staged row. */
 #define W_OST_STRIDE 520
 
-/* SMLA_FWD90_EARLY_S (session 14, compiled, not yet measured; default 0): an own tile's S
- * is issued as soon as its rows have landed, queued behind the other tile's PV (the step
- * before, SS: no register operand), whose completion (wait 1), which releases its stage,
- * is taken after S's issue instead of before the full wait: FlashMLA's "next S behind the
- * cross PV". Predicted: S's issue (~36 wgmma) and a wait's round trip leave the relay
- * chain, ~8-10% at N = 128 (docs/design/cuda-sm90-forward.md, session 14).
- * ptxas 13.0 keeps the wgmma asynchronous across a wait 1 only under conditions found by
- * trial (session 14; otherwise it serializes every wgmma of the kernel, mostly without a
- * C7520 line, which the Makefile's machine-code check catches): both pending groups issued
- * in the same loop iteration, the same pending groups on every path to the wait (no empty
- * commit on a branch in place of a step), and no `break` between the two steps of an
- * iteration. Hence each warpgroup runs its own loop of pairs, the other's tile j - 1 then
- * its own tile j (w11_loop<DR, WG>), warpgroup 0's tile 0 peeled off before it and a
- * last other's tile after it. */
-#ifndef SMLA_FWD90_EARLY_S
-#define SMLA_FWD90_EARLY_S 0
-#endif
-/* SMLA_FWD90_S_AHEAD (session 15, v12; default 0 while it is measured): an own tile's S is
- * issued as soon as its rows land, before the wait for the other warpgroup's P of the tile
- * before (w12_pair below), in one loop of pairs whose role is read at run time.
- * Predicted: ~1.3-1.6 us a tile at N = 128 (v11: 2.45). */
-#ifndef SMLA_FWD90_S_AHEAD
-#define SMLA_FWD90_S_AHEAD 0
-#endif
-#define W_PAIRS (SMLA_FWD90_EARLY_S || SMLA_FWD90_S_AHEAD) /* a loop of pairs a warpgroup */
 
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
@@ -101,8 +75,7 @@ __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   l.red = dr ? l.p + W_KB_BYTES : l.xm + 1024u; /* [2][64] float */
   l.rowmax = l.red + 2u * 64u * 4u; /* [64] float: the max each row's sum is relative to */
   l.rowtop = l.rowmax + 64u * 4u; /* [64] float: each row's largest logit (max_logit) */
-  l.mask = l.rowtop + 64u * 4u;  /* at 64: [2] uint64, each stage's used-entry bits; at 0
-                                    (EARLY_S): the block's tile count */
+  l.mask = l.rowtop + 64u * 4u;  /* at 64: [2] uint64, each stage's used-entry bits */
   l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], pready[2] (, full_b2[2]) */
   l.total = l.bar + 6u * 8u;
   return l;
@@ -207,8 +180,9 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
  *             arrive on pready | O *= alpha where a row moved | O += P(j) V(j) (RS)
  *   CROSS(j): wait for the PV before and release its part of that stage | wait on pready
  *             | O and l rescaled to m(j) where a row moved | O += P(j) V(j) (SS)
- * (SMLA_FWD90_EARLY_S: OWN(j) waits for tile j, issues S(j), then waits for the PV before,
- * the other's tile's, with wait 1 and releases that stage, then waits for S.)
+ * The stage of tile j-1 is released at the top of the next step, before the wait for tile
+ * j: the orders that issue S(j) earlier (EARLY_S, v12: session 15) tied that release to
+ * tile j's landing and lost 18-41% (one tile in flight instead of two).
  * The reference max (and the largest logit, for max_logit) runs one way from tile to tile,
  * so each warpgroup's softmax runs while the other's S and PVs use the tensor cores, and
  * every row has the same reference in both warpgroups after each tile. A stage is released
@@ -270,8 +244,7 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
  * wait for the PV before (and, on the other's tiles, the wait on pready: since session 14, so
  * that 2 is the gathers' share alone), 2 the wait on full (own tiles), 3 S issued
  * and waited for, 4 the logits, row max and exponentials, 5 P and m stored and published,
- * 6 l and O rescaled and the PV issued (own and the other's tiles). With EARLY_S an own
- * tile's phase 1 is empty and its wait for the PV before falls in phase 3. */
+ * 6 l and O rescaled and the PV issued (own and the other's tiles). */
 #if SMLA_PROBE
 #define W11_PHASE(k_)                                                                      \
   do {                                                                                     \
@@ -319,9 +292,9 @@ __device__ __forceinline__ uint64_t w11_used_bits(const volatile uint64_t *umask
   return umask[st] >> (2 * tig);
 }
 
-/* S = Q K^T of the stage at kv_sb issued as one commit group (s zeroed first). */
+/* S = Q K^T of the stage at kvb issued as one commit group (s zeroed first). */
 template <int KB>
-__device__ __forceinline__ void w11_s_issue(float s[32], uint32_t q_s, uint32_t kv_sb) {
+__device__ __forceinline__ void w11_s_issue(float s[32], uint32_t q_s, uint32_t kvb) {
 #pragma unroll
   for (int i = 0; i < 32; i++) s[i] = 0.0f;
 #pragma unroll
@@ -332,7 +305,7 @@ __device__ __forceinline__ void w11_s_issue(float s[32], uint32_t q_s, uint32_t 
 #pragma unroll
     for (int k4 = 0; k4 < 4; k4++)
       wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
-                         wg_desc(kv_sb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
+                         wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
   wg_commit();
 }
 
@@ -407,8 +380,8 @@ __device__ __forceinline__ bool w11_softmax(const smla_cuda_fwd_args &a, float s
 
 /* One step of a compute warpgroup: tile j, its own (OWN) or the other's (CROSS), as the
  * "v11: the relay" comment above describes; the state (O, the row statistics, s, pa, q_s) lives in
- * the caller. EARLY: SMLA_FWD90_EARLY_S's order for an own tile. */
-template <int DR, bool EARLY>
+ * the caller. */
+template <int DR>
 __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *smem,
                                          uint32_t sbase, const w_layout &L, int wg, int j,
                                          bool own, float O[2][64], float m_run[2],
@@ -426,15 +399,12 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     const uint32_t kvb = kv_s + st * TILE;
     const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
     float *xmj = (float *)(smem + L.xm) + st * 128u; /* [m, top][64] after tile j */
-    /* The PV of tile j-1 (this warpgroup's part; RS: pa was read until here) is done.
-     * EARLY: an own tile takes this wait after its S is issued (below). */
-    if (!EARLY || !own) {
-      wg_wait<0>();
+    /* The PV of tile j-1 (this warpgroup's part; RS: pa was read until here) is done. */
+    wg_wait<0>();
 #pragma unroll
-      for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
-      w11_pin_o(O);
-      if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
-    }
+    for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+    w11_pin_o(O);
+    if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
     W11_PHASE(1);
     if (!own) { /* CROSS(j) */
       mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
@@ -451,18 +421,10 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     fence_proxy_async();
     const uint64_t um = w11_used_bits(umask, st, tig);
     asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
-    uint32_t kv_sb = kvb; /* EARLY: the same for the stage (warpgroup 0's peeled tile 0:
-                             its descriptors were hoisted and spilled) */
-    if (EARLY) asm volatile("mov.u32 %0, %0;" : "+r"(kv_sb));
-    w11_s_issue<KB>(s, q_s, kv_sb);
-    if (EARLY) { /* the other's PV of tile j-1 (the group before S) is done */
-      wg_wait<1>();
-      if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
-    }
+    w11_s_issue<KB>(s, q_s, kvb);
     wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; i++) wg_pin(s[i]);
-    if (EARLY) w11_pin_o(O);
     W11_PHASE(3);
     float alpha[2], lsum[2];
     const bool moved = w11_softmax(a, s, um, r0, tig, m_run, m_top, alpha, lsum, pa,
@@ -475,109 +437,10 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
   }
 }
 
-/* ---- v12: S ahead (SMLA_FWD90_S_AHEAD; docs/design/cuda-sm90-forward.md, session 15) ----
- * v11's chain per tile is P(j) -> the PVs of tile j -> S(j+1) -> softmax(j+1) -> P(j+1):
- * S(j+1) waits behind P(j) although it needs only its rows. Here a warpgroup issues the S
- * of its own tile j as soon as the tile has landed, before it waits for P(j-1) of the
- * other warpgroup, so S(j) runs on the tensor cores under the other's softmax(j-1); the
- * chain per tile shrinks to pready -> softmax -> pready, and the tensor cores and the
- * gathers set the pace. One pair a loop iteration (ptxas keeps the wgmma asynchronous
- * only so; session 14): the other's tile j-1 (PREV) and the own tile j,
- *   wait full(j) | S(j) issued | wait pready(j-1) | m(j-1), O rescaled where a row moved
- *   | PV(j-1) issued (SS) | wait 1: S(j) done | softmax(j), P(j) published | wait 0:
- *   PV(j-1) done, its stage released | O rescaled where a row moved | PV(j) issued (RS)
- *   | wait 0: done, its stage released,
- * with nothing pending between iterations (the next S needs this tile's stage refilled,
- * so the last wait costs nothing the chain needs). */
-template <int DR, bool PREV>
-__device__ __forceinline__ void w12_pair(const smla_cuda_fwd_args &a, uint8_t *smem,
-                                         uint32_t sbase, const w_layout &L, int wg, int j,
-                                         float O[2][64], float m_run[2], float l_run[2],
-                                         float m_top[2], float s[32], uint32_t pa[16],
-                                         uint32_t &q_s W11_STEP_PROBE_ARGS) {
-  constexpr int KB = (512 + DR) / 64;
-  constexpr uint32_t TILE = KB * W_KB_BYTES;
-  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
-  const int tig = lane & 3, r0 = 16 * wq + (lane >> 2);
-  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, pready_b = full_b + 32u;
-  const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask + 64);
-  const uint32_t st = (uint32_t)(j & 1), so = st ^ 1u;
-  const uint32_t kvb = sbase + L.kv + st * TILE, kvo = sbase + L.kv + so * TILE;
-  const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
-  const uint32_t pblo = DR ? kvo + 8u * W_KB_BYTES : sbase + L.p + so * W_KB_BYTES;
-  float *xmj = (float *)(smem + L.xm) + st * 128u, *xmo = (float *)(smem + L.xm) + so * 128u;
-
-  mbar_wait(full_b + 8u * st, (uint32_t)((j >> 1) & 1)); /* tile j (and Q) */
-  W11_PHASE(2);
-  fence_proxy_async();
-  const uint64_t um = w11_used_bits(umask, st, tig);
-  asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
-  uint32_t kv_sb = kvb;
-  asm volatile("mov.u32 %0, %0;" : "+r"(kv_sb));
-  w11_s_issue<KB>(s, q_s, kv_sb);
-  W11_PHASE(3);
-  if (PREV) { /* the other's tile j-1 */
-    mbar_wait(pready_b + 8u * so, (uint32_t)(((j - 1) >> 1) & 1)); /* P(j-1), m(j-1) */
-    W11_PHASE(1);
-    fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
-    w11_take_m(xmo, r0, O, m_run, l_run, m_top);
-    w11_pv_ss(O, pblo, kvo, wg);
-    W11_PHASE(6);
-    wg_wait<1>();
-  } else {
-    wg_wait<0>();
-  }
-#pragma unroll
-  for (int i = 0; i < 32; i++) wg_pin(s[i]);
-  W11_PHASE(3);
-  float alpha[2], lsum[2];
-  const bool moved = w11_softmax(a, s, um, r0, tig, m_run, m_top, alpha, lsum, pa,
-                                 smem + (pblk - sbase), xmj, pready_b + 8u * st W11_STEP_PROBE);
-  if (PREV) {
-    wg_wait<0>();
-    w11_pin_o(O);
-    if (lane == 0) mbar_arrive(empty_b + 8u * so);
-  }
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
-  if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
-  w11_pv_rs(O, pa, kvb, wg);
-  W11_PHASE(6);
-  wg_wait<0>();
-#pragma unroll
-  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
-  w11_pin_o(O);
-  if (lane == 0) mbar_arrive(empty_b + 8u * st);
-  W11_PHASE(1);
-}
-
-/* v12's last tile of the other warpgroup's (no own tile after it). */
-template <int DR>
-__device__ __forceinline__ void w12_last(uint8_t *smem, uint32_t sbase, const w_layout &L,
-                                         int wg, int j, float O[2][64], float m_run[2],
-                                         float l_run[2], float m_top[2] W11_STEP_PROBE_ARGS) {
-  constexpr uint32_t TILE = (512 + DR) / 64 * W_KB_BYTES;
-  const int lane = threadIdx.x & 31, r0 = 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2);
-  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, pready_b = full_b + 32u;
-  const uint32_t st = (uint32_t)(j & 1);
-  const uint32_t kvb = sbase + L.kv + st * TILE;
-  const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
-  mbar_wait(pready_b + 8u * st, (uint32_t)((j >> 1) & 1));
-  W11_PHASE(1);
-  fence_proxy_async();
-  w11_take_m((float *)(smem + L.xm) + st * 128u, r0, O, m_run, l_run, m_top);
-  w11_pv_ss(O, pblk, kvb, wg);
-  wg_wait<0>();
-  w11_pin_o(O);
-  if (lane == 0) mbar_arrive(empty_b + 8u * st);
-  W11_PHASE(6);
-}
-
 /* One compute warpgroup's tiles: O (its 256 columns), m_run, l_run (its own tiles' share of
  * the row sums) and m_top as the epilogue expects them; both warpgroups end at the same
- * m_run and m_top. WG: -1, one tile a step, the role from `wg` at run time (the default);
- * 0 or 1, SMLA_FWD90_EARLY_S's loop of pairs for that warpgroup. */
-template <int DR, int WG>
+ * m_run and m_top. */
+template <int DR>
 __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles, uint8_t *smem,
                                          uint32_t sbase, const w_layout &L, int wg,
                                          float O[2][64], float m_run[2], float l_run[2],
@@ -590,38 +453,10 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
   uint32_t pa[16];
 #pragma unroll
   for (int i = 0; i < 16; i++) pa[i] = 0u;
-#define W11_STEP(early_, j_, own_)                                                          \
-  w11_step<DR, early_>(a, smem, sbase, L, WG >= 0 ? WG : wg, (j_), (own_), O, m_run, l_run,  \
-                       m_top, s, pa, q_s W11_STEP_PROBE)
-  if (WG < 0 && SMLA_FWD90_S_AHEAD) {
-    /* v12: one copy of the loop, the role at run time. The tile count as thread 0 stored
-     * it before the block's first barrier, not carried in a register across setmaxnreg
-     * (ptxas spilled it: 4 bytes, reloaded at every use). */
-    ntiles = *(volatile const int *)(smem + L.mask);
-    if (wg == 0) w12_pair<DR, false>(a, smem, sbase, L, wg, 0, O, m_run, l_run, m_top, s, pa, q_s W11_STEP_PROBE);
-    int j = wg == 0 ? 2 : 1;
 #pragma unroll 1
-    for (; j < ntiles; j += 2) /* the other's j - 1, own j */
-      w12_pair<DR, true>(a, smem, sbase, L, wg, j, O, m_run, l_run, m_top, s, pa, q_s W11_STEP_PROBE);
-    if (j == ntiles) w12_last<DR>(smem, sbase, L, wg, j - 1, O, m_run, l_run, m_top W11_STEP_PROBE);
-  } else if (WG < 0) {
-#pragma unroll 1
-    for (int j = 0; j < ntiles; j++) W11_STEP(false, j, (j & 1) == wg);
-  } else {
-    /* The tile count as thread 0 stored it (above). */
-    ntiles = *(volatile const int *)(smem + L.mask);
-    {
-      if (WG == 0) W11_STEP(true, 0, true);
-      int j = WG == 0 ? 2 : 1;
-#pragma unroll 1
-      for (; j < ntiles; j += 2) { /* the other's j - 1, own j */
-        W11_STEP(true, j - 1, false);
-        W11_STEP(true, j, true);
-      }
-      if (j == ntiles) W11_STEP(true, j - 1, false); /* the last tile, the other's */
-    }
-  }
-#undef W11_STEP
+  for (int j = 0; j < ntiles; j++)
+    w11_step<DR>(a, smem, sbase, L, wg, j, (j & 1) == wg, O, m_run, l_run, m_top, s, pa,
+                 q_s W11_STEP_PROBE);
   wg_wait<0>();
 #pragma unroll
   for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
@@ -689,7 +524,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     mbar_init(full_b, 132), mbar_init(full_b + 8u, 132);
     mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);
     mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128);
-    if (W_PAIRS) *(int *)(smem + L.mask) = ntiles;
   }
   __syncthreads();
   if (tid >= W_THREADS) {
@@ -749,14 +583,10 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 
   if (ntiles > 0) {
 #if SMLA_PROBE
-#define W11_LOOP(wg_) w11_loop<DR, wg_>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top, probe_t_)
+    w11_loop<DR>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top, probe_t_);
 #else
-#define W11_LOOP(wg_) w11_loop<DR, wg_>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top)
+    w11_loop<DR>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top);
 #endif
-    if (!SMLA_FWD90_EARLY_S) W11_LOOP(-1); /* v11, or v12 (S_AHEAD) */
-    else if (wg == 0) W11_LOOP(0);
-    else W11_LOOP(1);
-#undef W11_LOOP
     /* The combine kernel (a programmatic dependent, smla_cuda_merge_args.pdl) may be
      * scheduled from here on; it waits for this grid's completion before it reads. */
     griddep_launch_dependents();
