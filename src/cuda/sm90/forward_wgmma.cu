@@ -264,120 +264,6 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
 #define W11_STEP_PROBE
 #endif
 
-/* The other warpgroup's tile j, once pready has come: m(j) and the largest logit from xm,
- * l and (where a row of this warp moved) O rescaled to m(j). */
-__device__ __forceinline__ void w11_take_m(const float *xmj, int r0, float O[2][64],
-                                           float m_run[2], float l_run[2], float m_top[2]) {
-  const float NEG_INF = -INFINITY;
-  float f[2];
-  bool moved = false;
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) {
-    const int row = r0 + 8 * hh;
-    const float mj = xmj[row];
-    m_top[hh] = xmj[64 + row];
-    moved |= !(mj == m_run[hh]); /* NaN moves */
-    const float use = mj == NEG_INF ? 0.0f : mj;
-    f[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-    l_run[hh] *= f[hh];
-    m_run[hh] = mj;
-  }
-  if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
-}
-
-/* The stage's used-entry word, shifted for this thread: bit 8 n + e says whether column
- * 8 n + 2 tig + e of the tile is used. */
-__device__ __forceinline__ uint64_t w11_used_bits(const volatile uint64_t *umask, uint32_t st,
-                                                  int tig) {
-  return umask[st] >> (2 * tig);
-}
-
-/* S = Q K^T of the stage at kvb issued as one commit group (s zeroed first). */
-template <int KB>
-__device__ __forceinline__ void w11_s_issue(float s[32], uint32_t q_s, uint32_t kvb) {
-#pragma unroll
-  for (int i = 0; i < 32; i++) s[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 32; i++) wg_pin(s[i]);
-  wg_fence();
-#pragma unroll
-  for (int kb = 0; kb < KB; kb++)
-#pragma unroll
-    for (int k4 = 0; k4 < 4; k4++)
-      wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
-                         wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
-  wg_commit();
-}
-
-/* An own tile's softmax, S (done) in s: logits masked by the stage's used-entry word um
- * (shifted to this thread), the row max from m_run (lazy, v10), P to pa and to the P block
- * at pb, m(j) and the largest logit to xmj, then this thread's arrival on pready. Returns
- * whether a row of this warp moved; alpha and lsum for the caller's l and O. */
-__device__ __forceinline__ bool w11_softmax(const smla_cuda_fwd_args &a, float s[32],
-                                            uint64_t um, int r0, int tig, float m_run[2],
-                                            float m_top[2], float alpha[2], float lsum[2],
-                                            uint32_t pa[16], uint8_t *pb, float *xmj,
-                                            uint32_t pready_bar W11_STEP_PROBE_ARGS) {
-  const float NEG_INF = -INFINITY;
-  float tmax[2] = {NEG_INF, NEG_INF};
-  fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      float v = s[4 * n + e];
-      v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
-      s[4 * n + e] = v;
-      tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
-    }
-  float mls[2];
-  bool moved = false;
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) {
-    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
-    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
-    m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
-    float m_new = fmax_nan(m_run[hh], tmax[hh]); /* NaN: out, lse, max NaN */
-    /* Lazy (v10): the reference stays while the max grew by at most W_TAU. */
-    if (W_TAU > 0.0f && m_new - m_run[hh] <= W_TAU) m_new = m_run[hh];
-    else moved = true;
-    const float use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
-    alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-    m_run[hh] = m_new;
-    mls[hh] = use * FWD_LOG2E;
-    lsum[hh] = 0.0f;
-  }
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
-      const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
-      lsum[hh] += p0 + p1;
-      pa[2 * n + hh] = pack_bf16x2(p0, p1);
-    }
-#if SMLA_PROBE
-#pragma unroll
-  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
-#endif
-  W11_PHASE(4);
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++)
-      *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
-  if (tig == 0)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) xmj[r0 + 8 * hh] = m_run[hh], xmj[64 + r0 + 8 * hh] = m_top[hh];
-  fence_proxy_async(); /* P visible to the other warpgroup's wgmma */
-  /* Every thread arrives for its own P and xm stores (one arrival a warp after
-   * __syncwarp measured the same, bench/RESULTS.md session 13 run 3, and racecheck,
-   * which does not order the other lanes' stores before lane 0's arrival, flagged it). */
-  mbar_arrive(pready_bar);
-  W11_PHASE(5);
-  return moved;
-}
-
 /* One step of a compute warpgroup: tile j, its own (OWN) or the other's (CROSS), as the
  * "v11: the relay" comment above describes; the state (O, the row statistics, s, pa, q_s) lives in
  * the caller. */
@@ -389,6 +275,7 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
                                          uint32_t pa[16], uint32_t &q_s W11_STEP_PROBE_ARGS) {
   constexpr int KB = (512 + DR) / 64;
   constexpr uint32_t TILE = KB * W_KB_BYTES;
+  const float NEG_INF = -INFINITY;
   const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
   const uint32_t kv_s = sbase + L.kv;
@@ -410,7 +297,20 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
       mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
       W11_PHASE(1);
       fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
-      w11_take_m(xmj, r0, O, m_run, l_run, m_top);
+      float f[2];
+      bool moved = false;
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const int row = r0 + 8 * hh;
+        const float mj = xmj[row];
+        m_top[hh] = xmj[64 + row];
+        moved |= !(mj == m_run[hh]); /* NaN moves */
+        const float use = mj == NEG_INF ? 0.0f : mj;
+        f[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
+        l_run[hh] *= f[hh];
+        m_run[hh] = mj;
+      }
+      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
       w11_pv_ss(O, pblk, kvb, wg);
       W11_PHASE(6);
       return;
@@ -419,16 +319,81 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     mbar_wait(full_b + 8u * st, par); /* tile j (and Q) */
     W11_PHASE(2);
     fence_proxy_async();
-    const uint64_t um = w11_used_bits(umask, st, tig);
+    const uint64_t um = umask[st] >> (2 * tig); /* bit 8 n + e: column 8 n + 2 tig + e used */
     asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
-    w11_s_issue<KB>(s, q_s, kvb);
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) wg_pin(s[i]);
+    wg_fence();
+#pragma unroll
+    for (int kb = 0; kb < KB; kb++)
+#pragma unroll
+      for (int k4 = 0; k4 < 4; k4++)
+        wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
+                           wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
+    wg_commit();
     wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; i++) wg_pin(s[i]);
     W11_PHASE(3);
-    float alpha[2], lsum[2];
-    const bool moved = w11_softmax(a, s, um, r0, tig, m_run, m_top, alpha, lsum, pa,
-                                   smem + (pblk - sbase), xmj, pready_b + 8u * st W11_STEP_PROBE);
+
+    float tmax[2] = {NEG_INF, NEG_INF};
+    fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float v = s[4 * n + e];
+        v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
+        s[4 * n + e] = v;
+        tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
+      }
+    float alpha[2], mls[2], lsum[2] = {0.0f, 0.0f};
+    bool moved = false;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
+      tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
+      m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
+      float m_new = fmax_nan(m_run[hh], tmax[hh]); /* NaN: out, lse, max NaN */
+      /* Lazy (v10): the reference stays while the max grew by at most W_TAU. */
+      if (W_TAU > 0.0f && m_new - m_run[hh] <= W_TAU) m_new = m_run[hh];
+      else moved = true;
+      const float use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
+      alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
+      m_run[hh] = m_new;
+      mls[hh] = use * FWD_LOG2E;
+    }
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
+        const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
+        lsum[hh] += p0 + p1;
+        pa[2 * n + hh] = pack_bf16x2(p0, p1);
+      }
+#if SMLA_PROBE
+#pragma unroll
+    for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+#endif
+    W11_PHASE(4);
+    uint8_t *pb = smem + (pblk - sbase);
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++)
+        *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
+    if (tig == 0)
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) xmj[r0 + 8 * hh] = m_run[hh], xmj[64 + r0 + 8 * hh] = m_top[hh];
+    fence_proxy_async(); /* P visible to the other warpgroup's wgmma */
+    /* Every thread arrives for its own P and xm stores (one arrival a warp after
+     * __syncwarp measured the same, bench/RESULTS.md session 13 run 3, and racecheck,
+     * which does not order the other lanes' stores before lane 0's arrival, flagged it). */
+    mbar_arrive(pready_b + 8u * st);
+    W11_PHASE(5);
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
     if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
