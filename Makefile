@@ -70,6 +70,8 @@ TESTS := $(BUILD)/test_smla
 EXAMPLE := $(BUILD)/decode_step
 # The gather-only microbenchmark (bench/gather.cu): Hopper copy paths, CUDA builds only.
 GATHER := $(if $(NVCC),$(BUILD)/gather_bench)
+# The S-only microbenchmark (bench/wgmma_s.cu): wgmma S of 64- and 32-row tiles, CUDA only.
+WGMMA_S := $(if $(NVCC),$(BUILD)/wgmma_s_bench)
 
 # NCCL, for the decode-context-parallel example (examples/dcp_nccl.c) only: NCCL_HOME with
 # include/nccl.h and lib/ (or lib64/) libnccl.so*, else looked for beside CUDA and in
@@ -94,7 +96,7 @@ endif
 
 .PHONY: all lib test test-c test-python bench plot install clean sanitize fuzz mutants mutants-gpu
 .DEFAULT_GOAL := all
-all: lib $(CLI) $(TESTS) $(EXAMPLE) $(DCP) $(GATHER)
+all: lib $(CLI) $(TESTS) $(EXAMPLE) $(DCP) $(GATHER) $(WGMMA_S)
 lib: $(STATIC) $(SHARED) $(BUILD)/libsmla.so
 
 $(BUILD)/obj/%.o: %.c
@@ -162,6 +164,10 @@ $(EXAMPLE): examples/decode_step.c $(STATIC)
 	$(CC) $(WARN) $(CFLAGS) -Iinclude examples/decode_step.c -o $@ $(PROG_LDLIBS)
 
 $(GATHER): bench/gather.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -gencode arch=compute_90a,code=sm_90a $< -o $@
+
+$(WGMMA_S): bench/wgmma_s.cu src/cuda/sm90/wgmma.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -gencode arch=compute_90a,code=sm_90a $< -o $@
 

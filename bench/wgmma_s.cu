@@ -1,0 +1,172 @@
+/*
+ * wgmma_s.cu: the S-only microbenchmark (build/wgmma_s_bench, sm_90a), the first measurement
+ * of the rebuild named after v12 (docs/design/cuda-sm90-forward.md, "Next, by size", session
+ * 15): would S of 32-row tiles, which reads Q from shared memory twice as often per entry as
+ * v11's 64-row tiles, be bound by shared memory?
+ *
+ * One block per SM, Q (64 heads x 576 bf16) and a tile of K rows (64 x 576) resident in
+ * shared memory in the forward's 128-byte-swizzle layout (contents: small bf16 values; only
+ * the time is read). Each compute warpgroup issues S = Q K^T for `iters` tiles of 64 entries
+ * and waits for each:
+ *   n64    36 wgmma m64n64k16 a 64-entry tile (v11's S)
+ *   n32    2 x 36 wgmma m64n32k16 a 64 entries (two 32-row tiles, each its own commit and
+ *          wait: the S of the rebuild)
+ * with one warpgroup issuing (the other idle: S alone on the tensor cores) or both (two S
+ * streams at once, the most S ever overlaps with S). Prints µs per 64 entries per warpgroup
+ * and the tensor-rate floor beside it (1152 cycles at the clock the driver reports).
+ *
+ *   build/wgmma_s_bench [--iters 2000] [--reps 5]
+ */
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/cuda/sm90/wgmma.cuh"
+
+#define DQK 576
+#define KB (DQK / 64)        /* 8 KB column blocks of a 64-row stack */
+#define BLOCK_BYTES 8192
+#define SMEM_BYTES (2 * KB * BLOCK_BYTES + 1024) /* Q and one tile, + alignment slack */
+
+#define CK(call)                                                                           \
+  do {                                                                                     \
+    const cudaError_t e_ = (call);                                                         \
+    if (e_ != cudaSuccess) {                                                               \
+      fprintf(stderr, "wgmma_s_bench: %s failed: %s\n", #call, cudaGetErrorString(e_));   \
+      exit(1);                                                                             \
+    }                                                                                      \
+  } while (0)
+
+/* wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16: d[64x32] += A[64x16] B[16x32], A and
+ * B K-major in shared memory. */
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float d[16], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : WG_F8(d, 0), WG_F8(d, 8)
+      : "l"(da), "l"(db), "n"(1));
+}
+
+/* way: 0 n64, 1 n32; both: whether the second warpgroup issues too. out: one float a
+ * thread, so the accumulators stay live. */
+__global__ void __launch_bounds__(256, 1) s_kernel(int way, int both, int iters, float *out) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t *smem = smem_raw + (base - raw);
+  const int tid = threadIdx.x, wg = tid >> 7;
+  for (int i = tid; i < 2 * KB * BLOCK_BYTES / 2; i += blockDim.x)
+    ((uint16_t *)smem)[i] = (uint16_t)(0x3f80u + (i & 7)); /* bf16 ~1.0x, finite */
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to wgmma */
+  __syncthreads();
+  const uint32_t q_s = base, k_s = base + KB * BLOCK_BYTES;
+  float acc = 0.0f;
+  if (wg == 0 || both) {
+    if (way == 0) {
+      float s[32];
+#pragma unroll 1
+      for (int it = 0; it < iters; it++) {
+#pragma unroll
+        for (int i = 0; i < 32; i++) s[i] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) wg_pin(s[i]);
+        wg_fence();
+#pragma unroll
+        for (int kb = 0; kb < KB; kb++)
+#pragma unroll
+          for (int k4 = 0; k4 < 4; k4++)
+            wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * BLOCK_BYTES + k4 * 32, 16, 1024),
+                               wg_desc(k_s + kb * BLOCK_BYTES + k4 * 32, 16, 1024));
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; i++) wg_pin(s[i]);
+        acc += s[0] + s[31];
+      }
+    } else {
+      /* The 32-row tiles: rows 0-31 and 32-63 of the same stack (a [32 rows][128 B] block
+       * of 4 KB each, 1024-aligned, the swizzle unchanged). */
+      float s[16];
+#pragma unroll 1
+      for (int it = 0; it < 2 * iters; it++) {
+        const uint32_t kh = k_s + (uint32_t)(it & 1) * 4096u;
+#pragma unroll
+        for (int i = 0; i < 16; i++) s[i] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) wg_pin(s[i]);
+        wg_fence();
+#pragma unroll
+        for (int kb = 0; kb < KB; kb++)
+#pragma unroll
+          for (int k4 = 0; k4 < 4; k4++)
+            wgmma_m64n32k16_ss(s, wg_desc(q_s + kb * BLOCK_BYTES + k4 * 32, 16, 1024),
+                               wg_desc(kh + kb * BLOCK_BYTES + k4 * 32, 16, 1024));
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 16; i++) wg_pin(s[i]);
+        acc += s[0] + s[15];
+      }
+    }
+  }
+  out[blockIdx.x * blockDim.x + tid] = acc;
+}
+
+int main(int argc, char **argv) {
+  int iters = 2000, reps = 5;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else {
+      fprintf(stderr, "usage: wgmma_s_bench [--iters 2000] [--reps 5]\n");
+      return 2;
+    }
+  }
+  if (iters < 1 || reps < 1) {
+    fprintf(stderr, "wgmma_s_bench: --iters and --reps must be positive\n");
+    return 2;
+  }
+  cudaDeviceProp p;
+  CK(cudaGetDeviceProperties(&p, 0));
+  if (p.major != 9) {
+    fprintf(stderr, "wgmma_s_bench: needs an sm_90 device (this is sm_%d%d)\n", p.major, p.minor);
+    return 1;
+  }
+  int clock_khz = 0;
+  CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  CK(cudaFuncSetAttribute(s_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+  float *out;
+  CK(cudaMalloc(&out, (size_t)p.multiProcessorCount * 256 * sizeof(float)));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const double floor_us = 1152.0 / (clock_khz * 1e-3); /* 1152 tensor cycles a 64 entries */
+  printf("%s, %d SMs, %.0f MHz: tensor-rate floor of S per 64 entries %.3f us\n", p.name,
+         p.multiProcessorCount, clock_khz * 1e-3, floor_us);
+  printf("%-4s %-10s %6s %14s %10s\n", "way", "issuing", "SMs", "us/64 entries", "x floor");
+  const int sms[2] = {1, p.multiProcessorCount};
+  for (int way = 0; way < 2; way++)
+    for (int both = 0; both < 2; both++)
+      for (int si = 0; si < 2; si++) {
+        float best = 1e30f;
+        for (int r = 0; r < reps + 1; r++) { /* the first run warms up */
+          CK(cudaEventRecord(e0));
+          s_kernel<<<sms[si], 256, SMEM_BYTES>>>(way, both, iters, out);
+          CK(cudaEventRecord(e1));
+          CK(cudaEventSynchronize(e1));
+          CK(cudaGetLastError());
+          float ms;
+          CK(cudaEventElapsedTime(&ms, e0, e1));
+          if (r > 0 && ms < best) best = ms;
+        }
+        const double us = best * 1e3 / iters;
+        printf("%-4s %-10s %6d %14.3f %10.2f\n", way ? "n32" : "n64", both ? "both WGs" : "one WG",
+               sms[si], us, us / floor_us);
+      }
+  CK(cudaFree(out));
+  return 0;
+}
