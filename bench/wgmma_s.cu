@@ -11,9 +11,12 @@
  *   n64    36 wgmma m64n64k16 a 64-entry tile (v11's S)
  *   n32    2 x 36 wgmma m64n32k16 a 64 entries (two 32-row tiles, each its own commit and
  *          wait: the S of the rebuild)
- * with one warpgroup issuing (the other idle: S alone on the tensor cores) or both (two S
- * streams at once, the most S ever overlaps with S). Prints µs per 64 entries per warpgroup
- * and the tensor-rate floor beside it (1152 cycles at the clock the driver reports).
+ * with one warpgroup issuing (the other idle: S alone on the tensor cores), both (two S
+ * streams at once, the most S ever overlaps with S), or a tile's tensor work as the forward
+ * has it: warpgroup 0 issues S, then both add P V to their 256 output columns (8 wgmma
+ * m64n128k16 each, P and V from shared memory), each waiting for its own. Prints µs per
+ * 64 entries (per warpgroup where both issue S) and the floor beside it at the clock the
+ * driver reports: S 1152 tensor cycles, a tile 2176 (S + both PVs).
  *
  *   build/wgmma_s_bench [--iters 2000] [--reps 5]
  */
@@ -51,9 +54,28 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float d[16], uint64_t da, uin
       : "l"(da), "l"(db), "n"(1));
 }
 
-/* way: 0 n64, 1 n32; both: whether the second warpgroup issues too. out: one float a
- * thread, so the accumulators stay live. */
-__global__ void __launch_bounds__(256, 1) s_kernel(int way, int both, int iters, float *out) {
+/* O[:, 256 wg + ...] += P V, P [64][64] at p_s (K-major), V the 64 rows at v_s (MN-major):
+ * the forward's cross PV (w11_pv_ss), one commit group. */
+__device__ __forceinline__ void pv_ss(float O[2][64], uint32_t p_s, uint32_t v_s, int wg) {
+#pragma unroll
+  for (int h = 0; h < 2; h++)
+#pragma unroll
+    for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
+  wg_fence();
+#pragma unroll
+  for (int k = 0; k < 4; k++)
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+      wgmma_m64n128k16_ss_tb(O[h], wg_desc(p_s + k * 32, 16, 1024),
+                             wg_desc(v_s + (uint32_t)((4 * wg + 2 * h) * BLOCK_BYTES + k * 16 * 128),
+                                     BLOCK_BYTES, 1024));
+  wg_commit();
+}
+
+/* WAY: 0 n64, 1 n32; mode: 0 S by warpgroup 0 alone, 1 S by both, 2 a tile (S by warpgroup
+ * 0, then both PVs). out: one float a thread, so the accumulators stay live. */
+template <int WAY>
+__global__ void __launch_bounds__(256, 1) s_kernel(int mode, int iters, float *out) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -65,8 +87,59 @@ __global__ void __launch_bounds__(256, 1) s_kernel(int way, int both, int iters,
   __syncthreads();
   const uint32_t q_s = base, k_s = base + KB * BLOCK_BYTES;
   float acc = 0.0f;
-  if (wg == 0 || both) {
-    if (way == 0) {
+  const int both = mode == 1;
+  if (mode == 2) {
+    /* A tile: S of the way (n64, or two n32) by warpgroup 0, then the PV of both. P is read
+     * from Q's first block (its values do not matter here). */
+    float O[2][64];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+      for (int i = 0; i < 64; i++) O[h][i] = 0.0f;
+    float s[32];
+#pragma unroll 1
+    for (int it = 0; it < iters; it++) {
+      if (wg == 0) {
+#pragma unroll
+        for (int half = 0; half < (WAY ? 2 : 1); half++) {
+#pragma unroll
+          for (int i = 0; i < 32; i++) s[i] = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 32; i++) wg_pin(s[i]);
+          wg_fence();
+          if (WAY == 0) {
+#pragma unroll
+            for (int kb = 0; kb < KB; kb++)
+#pragma unroll
+              for (int k4 = 0; k4 < 4; k4++)
+                wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * BLOCK_BYTES + k4 * 32, 16, 1024),
+                                   wg_desc(k_s + kb * BLOCK_BYTES + k4 * 32, 16, 1024));
+          } else {
+            const uint32_t kh = k_s + (uint32_t)half * 4096u;
+#pragma unroll
+            for (int kb = 0; kb < KB; kb++)
+#pragma unroll
+              for (int k4 = 0; k4 < 4; k4++)
+                wgmma_m64n32k16_ss(s, wg_desc(q_s + kb * BLOCK_BYTES + k4 * 32, 16, 1024),
+                                   wg_desc(kh + kb * BLOCK_BYTES + k4 * 32, 16, 1024));
+          }
+          wg_commit();
+          wg_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 32; i++) wg_pin(s[i]);
+          acc += s[0];
+        }
+      }
+      pv_ss(O, q_s, k_s, wg);
+      wg_wait<0>();
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
+    }
+    acc += O[0][0] + O[1][63];
+  } else if (wg == 0 || both) {
+    if (WAY == 0) {
       float s[32];
 #pragma unroll 1
       for (int it = 0; it < iters; it++) {
@@ -138,24 +211,28 @@ int main(int argc, char **argv) {
   }
   int clock_khz = 0;
   CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
-  CK(cudaFuncSetAttribute(s_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+  CK(cudaFuncSetAttribute(s_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+  CK(cudaFuncSetAttribute(s_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
   float *out;
   CK(cudaMalloc(&out, (size_t)p.multiProcessorCount * 256 * sizeof(float)));
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  const double floor_us = 1152.0 / (clock_khz * 1e-3); /* 1152 tensor cycles a 64 entries */
-  printf("%s, %d SMs, %.0f MHz: tensor-rate floor of S per 64 entries %.3f us\n", p.name,
-         p.multiProcessorCount, clock_khz * 1e-3, floor_us);
-  printf("%-4s %-10s %6s %14s %10s\n", "way", "issuing", "SMs", "us/64 entries", "x floor");
+  const double mhz = clock_khz * 1e-3;
+  printf("%s, %d SMs, %.0f MHz: tensor-rate floors per 64 entries: S %.3f us, a tile (S and "
+         "both PVs) %.3f us\n", p.name, p.multiProcessorCount, mhz, 1152.0 / mhz, 2176.0 / mhz);
+  printf("%-4s %-16s %6s %14s %10s\n", "way", "issuing", "SMs", "us/64 entries", "x floor");
   const int sms[2] = {1, p.multiProcessorCount};
+  static const char *mode_name[3] = {"S, one WG", "S, both WGs", "tile (S + 2 PV)"};
   for (int way = 0; way < 2; way++)
-    for (int both = 0; both < 2; both++)
+    for (int mode = 0; mode < 3; mode++)
       for (int si = 0; si < 2; si++) {
+        const double floor_us = (mode == 2 ? 2176.0 : 1152.0) / mhz;
         float best = 1e30f;
         for (int r = 0; r < reps + 1; r++) { /* the first run warms up */
           CK(cudaEventRecord(e0));
-          s_kernel<<<sms[si], 256, SMEM_BYTES>>>(way, both, iters, out);
+          if (way) s_kernel<1><<<sms[si], 256, SMEM_BYTES>>>(mode, iters, out);
+          else s_kernel<0><<<sms[si], 256, SMEM_BYTES>>>(mode, iters, out);
           CK(cudaEventRecord(e1));
           CK(cudaEventSynchronize(e1));
           CK(cudaGetLastError());
@@ -164,8 +241,8 @@ int main(int argc, char **argv) {
           if (r > 0 && ms < best) best = ms;
         }
         const double us = best * 1e3 / iters;
-        printf("%-4s %-10s %6d %14.3f %10.2f\n", way ? "n32" : "n64", both ? "both WGs" : "one WG",
-               sms[si], us, us / floor_us);
+        printf("%-4s %-16s %6d %14.3f %10.2f\n", way ? "n32" : "n64", mode_name[mode], sms[si],
+               us, us / floor_us);
       }
   CK(cudaFree(out));
   return 0;
