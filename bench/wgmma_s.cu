@@ -14,7 +14,8 @@
  * with one warpgroup issuing (the other idle: S alone on the tensor cores), both (two S
  * streams at once, the most S ever overlaps with S), or a tile's tensor work as the forward
  * has it: warpgroup 0 issues S, then both add P V to their 256 output columns (8 wgmma
- * m64n128k16 each, P and V from shared memory), each waiting for its own. Prints µs per
+ * m64n128k16 each, P and V from shared memory), each waiting for its own, the two in step
+ * by a barrier a tile (warpgroup 1's PV runs beside warpgroup 0's S). Prints µs per
  * 64 entries (per warpgroup where both issue S) and the floor beside it at the clock the
  * driver reports: S 1152 tensor cycles, a tile 2176 (S + both PVs).
  *
@@ -99,6 +100,7 @@ __global__ void __launch_bounds__(256, 1) s_kernel(int mode, int iters, float *o
     float s[32];
 #pragma unroll 1
     for (int it = 0; it < iters; it++) {
+      asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* the two warpgroups tile by tile */
       if (wg == 0) {
 #pragma unroll
         for (int half = 0; half < (WAY ? 2 : 1); half++) {
