@@ -44,17 +44,6 @@
     }                                                                                      \
   } while (0)
 
-/* wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16: d[64x32] += A[64x16] B[16x32], A and
- * B K-major in shared memory. */
-__device__ __forceinline__ void wgmma_m64n32k16_ss(float d[16], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : WG_F8(d, 0), WG_F8(d, 8)
-      : "l"(da), "l"(db), "n"(1));
-}
-
 /* O[:, 256 wg + ...] += P V, P [64][64] at p_s (K-major), V the 64 rows at v_s (MN-major):
  * the forward's cross PV (w11_pv_ss), one commit group. */
 __device__ __forceinline__ void pv_ss(float O[2][64], uint32_t p_s, uint32_t v_s, int wg) {
@@ -73,8 +62,26 @@ __device__ __forceinline__ void pv_ss(float O[2][64], uint32_t p_s, uint32_t v_s
   wg_commit();
 }
 
+/* S of 64 entries, waited for: one n64 tile, or two n32 tiles (rows 0-31 and 32-63 of the
+ * same stack: [32 rows][128 B] blocks of 4 KB, 1024-aligned, the swizzle unchanged), each
+ * its own commit and wait. Returns one value, so the accumulators stay live. */
+template <int WAY>
+__device__ __forceinline__ float s_tile(uint32_t q_s, uint32_t k_s) {
+  float s[32], acc = 0.0f;
+#pragma unroll
+  for (int half = 0; half < (WAY ? 2 : 1); half++) {
+    wg_s_issue<WAY ? 32 : 64, KB>(s, q_s, k_s + (uint32_t)half * 4096u);
+    wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < (WAY ? 16 : 32); i++) wg_pin(s[i]);
+    acc += s[0];
+  }
+  return acc;
+}
+
 /* WAY: 0 n64, 1 n32; mode: 0 S by warpgroup 0 alone, 1 S by both, 2 a tile (S by warpgroup
- * 0, then both PVs). out: one float a thread, so the accumulators stay live. */
+ * 0, then both PVs, the two warpgroups in step by a barrier a tile). out: one float a
+ * thread, so the accumulators stay live. */
 template <int WAY>
 __global__ void __launch_bounds__(256, 1) s_kernel(int mode, int iters, float *out) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -88,50 +95,16 @@ __global__ void __launch_bounds__(256, 1) s_kernel(int mode, int iters, float *o
   __syncthreads();
   const uint32_t q_s = base, k_s = base + KB * BLOCK_BYTES;
   float acc = 0.0f;
-  const int both = mode == 1;
   if (mode == 2) {
-    /* A tile: S of the way (n64, or two n32) by warpgroup 0, then the PV of both. P is read
-     * from Q's first block (its values do not matter here). */
-    float O[2][64];
+    float O[2][64]; /* P is read from Q's first block (its values do not matter here) */
 #pragma unroll
     for (int h = 0; h < 2; h++)
 #pragma unroll
       for (int i = 0; i < 64; i++) O[h][i] = 0.0f;
-    float s[32];
 #pragma unroll 1
     for (int it = 0; it < iters; it++) {
-      asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* the two warpgroups tile by tile */
-      if (wg == 0) {
-#pragma unroll
-        for (int half = 0; half < (WAY ? 2 : 1); half++) {
-#pragma unroll
-          for (int i = 0; i < 32; i++) s[i] = 0.0f;
-#pragma unroll
-          for (int i = 0; i < 32; i++) wg_pin(s[i]);
-          wg_fence();
-          if (WAY == 0) {
-#pragma unroll
-            for (int kb = 0; kb < KB; kb++)
-#pragma unroll
-              for (int k4 = 0; k4 < 4; k4++)
-                wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * BLOCK_BYTES + k4 * 32, 16, 1024),
-                                   wg_desc(k_s + kb * BLOCK_BYTES + k4 * 32, 16, 1024));
-          } else {
-            const uint32_t kh = k_s + (uint32_t)half * 4096u;
-#pragma unroll
-            for (int kb = 0; kb < KB; kb++)
-#pragma unroll
-              for (int k4 = 0; k4 < 4; k4++)
-                wgmma_m64n32k16_ss(s, wg_desc(q_s + kb * BLOCK_BYTES + k4 * 32, 16, 1024),
-                                   wg_desc(kh + kb * BLOCK_BYTES + k4 * 32, 16, 1024));
-          }
-          wg_commit();
-          wg_wait<0>();
-#pragma unroll
-          for (int i = 0; i < 32; i++) wg_pin(s[i]);
-          acc += s[0];
-        }
-      }
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      if (wg == 0) acc += s_tile<WAY>(q_s, k_s);
       pv_ss(O, q_s, k_s, wg);
       wg_wait<0>();
 #pragma unroll
@@ -140,53 +113,9 @@ __global__ void __launch_bounds__(256, 1) s_kernel(int mode, int iters, float *o
         for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
     }
     acc += O[0][0] + O[1][63];
-  } else if (wg == 0 || both) {
-    if (WAY == 0) {
-      float s[32];
+  } else if (wg == 0 || mode == 1) {
 #pragma unroll 1
-      for (int it = 0; it < iters; it++) {
-#pragma unroll
-        for (int i = 0; i < 32; i++) s[i] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 32; i++) wg_pin(s[i]);
-        wg_fence();
-#pragma unroll
-        for (int kb = 0; kb < KB; kb++)
-#pragma unroll
-          for (int k4 = 0; k4 < 4; k4++)
-            wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * BLOCK_BYTES + k4 * 32, 16, 1024),
-                               wg_desc(k_s + kb * BLOCK_BYTES + k4 * 32, 16, 1024));
-        wg_commit();
-        wg_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 32; i++) wg_pin(s[i]);
-        acc += s[0] + s[31];
-      }
-    } else {
-      /* The 32-row tiles: rows 0-31 and 32-63 of the same stack (a [32 rows][128 B] block
-       * of 4 KB each, 1024-aligned, the swizzle unchanged). */
-      float s[16];
-#pragma unroll 1
-      for (int it = 0; it < 2 * iters; it++) {
-        const uint32_t kh = k_s + (uint32_t)(it & 1) * 4096u;
-#pragma unroll
-        for (int i = 0; i < 16; i++) s[i] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; i++) wg_pin(s[i]);
-        wg_fence();
-#pragma unroll
-        for (int kb = 0; kb < KB; kb++)
-#pragma unroll
-          for (int k4 = 0; k4 < 4; k4++)
-            wgmma_m64n32k16_ss(s, wg_desc(q_s + kb * BLOCK_BYTES + k4 * 32, 16, 1024),
-                               wg_desc(kh + kb * BLOCK_BYTES + k4 * 32, 16, 1024));
-        wg_commit();
-        wg_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 16; i++) wg_pin(s[i]);
-        acc += s[0] + s[15];
-      }
-    }
+    for (int it = 0; it < iters; it++) acc += s_tile<WAY>(q_s, k_s);
   }
   out[blockIdx.x * blockDim.x + tid] = acc;
 }

@@ -74,6 +74,40 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float d[32], uint64_t da, uin
       : "l"(da), "l"(db), "n"(1));
 }
 
+/* wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16: d[64x32] += A[64x16] B[16x32], A and
+ * B K-major in shared memory (bench/wgmma_s.cu's 32-row tiles). */
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float d[16], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : WG_F8(d, 0), WG_F8(d, 8)
+      : "l"(da), "l"(db), "n"(1));
+}
+
+/* S = Q K^T issued as one commit group: s (N / 2 floats a thread) zeroed, then KB x 4
+ * wgmma m64nNk16 (N = 64 or 32 rows of K), Q and K both [kb][rows][128 B] stacks of 8 KB
+ * blocks in the 128-byte swizzle (k_s: the stack's first row used). The caller waits. */
+template <int N, int KB>
+__device__ __forceinline__ void wg_s_issue(float *s, uint32_t q_s, uint32_t k_s) {
+  static_assert(N == 64 || N == 32, "S tiles of 64 or 32 rows");
+#pragma unroll
+  for (int i = 0; i < N / 2; i++) s[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N / 2; i++) wg_pin(s[i]);
+  wg_fence();
+#pragma unroll
+  for (int kb = 0; kb < KB; kb++)
+#pragma unroll
+    for (int k4 = 0; k4 < 4; k4++) {
+      const uint64_t da = wg_desc(q_s + kb * 8192u + k4 * 32, 16, 1024);
+      const uint64_t db = wg_desc(k_s + kb * 8192u + k4 * 32, 16, 1024);
+      if (N == 64) wgmma_m64n64k16_ss(s, da, db);
+      else wgmma_m64n32k16_ss(s, da, db);
+    }
+  wg_commit();
+}
+
 /* wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 with A in registers: d[64x128] +=
  * A[64x16] B[16x128], B MN-major (imm-trans-b = 1) in shared memory. a: this thread's A
  * fragment (rows g and g + 8 of its warp's 16, columns 2 tig and 8 + 2 tig: the layout
