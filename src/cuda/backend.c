@@ -293,6 +293,9 @@ static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 2.4, 0.0, 4.7}; /* by mtiles
  * With 2.0 or 3.8 the model picks the same splits for N = 64 and 128, K = 2048, every
  * T = 1..1024 (checked on the host, 2026-12-03); refit when the kernel changes. */
 #define SM90_TILE_COMPUTE_US 3.8
+/* The small-head sm_90a kernel (N <= 32, built with SMLA_FWD90_SMALL): bound by its rows,
+ * like the generic 16-head block (TILE_COMPUTE_US[1]); not yet fitted. */
+#define SM90_SMALL_TILE_US 1.0
 #define KERNEL_SM90 16             /* plan->kernel: the wgmma kernel (else the generic pipe) */
 #define TILE_LATENCY_US 2.8        /* one gather round trip (one tile in flight per SM) */
 #define GATHER_BYTES_PER_US 3.4e6  /* ~3.4 TB/s for 0.5-1 KB random rows, all SMs busy */
@@ -316,6 +319,7 @@ static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 2.4, 0.0, 4.7}; /* by mtiles
 typedef struct fwd_choice {
   smla_cuda_fwd_config cfg;
   int sm90;           /* 1: the sm_90a wgmma kernel */
+  int hb;             /* heads a block (sm90: 64, or the small-head kernel's 8..32) */
   double tile_us;     /* compute time of one 64-entry tile of one block */
   int groups;         /* head groups of 16 * mtiles heads */
   int ntiles;         /* ceil(K / 64) */
@@ -412,8 +416,10 @@ static void plan_choice(const smla_plan *plan, fwd_choice *c) {
   c->cfg.dr = plan->desc.dr;
   c->cfg.mtiles = plan->heads_per_block / 16;
   c->sm90 = plan->kernel == KERNEL_SM90;
+  c->hb = plan->heads_per_block;
   c->cfg.pipe = c->sm90 ? 2 : plan->kernel;
-  c->tile_us = c->sm90 ? SM90_TILE_COMPUTE_US : TILE_COMPUTE_US[c->cfg.mtiles];
+  c->tile_us = !c->sm90 ? TILE_COMPUTE_US[c->cfg.mtiles]
+               : c->hb < 64 ? SM90_SMALL_TILE_US : SM90_TILE_COMPUTE_US;
   c->groups = (int)ceil_div(plan->desc.num_heads, plan->heads_per_block);
   c->ntiles = (int)ceil_div(plan->desc.topk, SMLA_CUDA_FWD_BN);
   c->gather_bytes = (int)smla_cache_row_size(plan->desc.format, plan->desc.dr);
@@ -513,7 +519,7 @@ static int kernel_caps(const fwd_choice *c, int cluster, int *pdl) {
   int n = 0;
   cudaError_t e;
   *pdl = 0;
-  if (c->sm90) e = smla_cuda_fwd90_cluster_capacity(c->cfg.dr, cluster, &n);
+  if (c->sm90) e = smla_cuda_fwd90_cluster_capacity(c->cfg.dr, c->hb, cluster, &n);
   else switch (c->cfg.format) {
   case SMLA_CACHE_BF16: e = smla_cuda_fwd_caps_bf16(&c->cfg, cluster, &n, pdl); break;
   case SMLA_CACHE_FP8_TENSOR: e = smla_cuda_fwd_caps_fp8(&c->cfg, cluster, &n, pdl); break;
@@ -540,11 +546,13 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   const char *fn = "smla_plan_create";
 
   /* The sm_90a wgmma kernel where it applies: an sm_90 device (H100/H200), a BF16 cache
-   * and N > 32 (its tile is 64 heads; at N <= 32 the generic 16/32-head blocks waste less
-   * and are gather-bound anyway), unless the caller asks for the portable kernels. */
-  const uint32_t smem90 = smla_cuda_fwd90_smem_bytes(d->dr);
+   * and N > 32 (64-head tiles), or N <= 32 where the build has the small-head kernel
+   * (SMLA_FWD90_SMALL: 8, 16 or 32 heads on the wgmma N axis; without it the generic
+   * 16/32-head blocks take N <= 32), unless the caller asks for the portable kernels. */
+  const int hb90 = d->num_heads > 32 ? 64 : smla_cuda_fwd90_small_heads(d->num_heads);
+  const uint32_t smem90 = hb90 ? smla_cuda_fwd90_smem_bytes(d->dr, hb90) : 0;
   const int sm90 = st->cc_major == 9 && st->cc_minor == 0 && d->format == SMLA_CACHE_BF16 &&
-                   d->num_heads > 32 && !(d->flags & SMLA_PLAN_PORTABLE) &&
+                   hb90 > 0 && !(d->flags & SMLA_PLAN_PORTABLE) &&
                    (int)smem90 <= st->smem_optin;
   /* Else heads per block: the fewest m16 tiles that hold N (at most 4 = 64 heads), then
    * the deepest pipeline that fits the device's shared memory; fewer heads if none fits. */
@@ -566,7 +574,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
     return smla_set_error(ctx, SMLA_ERR_UNSUPPORTED, "%s: device %d allows %d bytes of shared "
                           "memory per block, too few for the generic forward", fn,
                           ctx->device, st->smem_optin);
-  plan->heads_per_block = 16 * mtiles;
+  plan->heads_per_block = sm90 ? hb90 : 16 * mtiles;
   plan->kernel = sm90 ? KERNEL_SM90 : pipe;
 
   fwd_choice c;
@@ -579,7 +587,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   if (s != SMLA_OK) return s;
   cudaError_t e;
   if (sm90) {
-    e = smla_cuda_fwd90_prepare(d->dr, st->smem_optin);
+    e = smla_cuda_fwd90_prepare(d->dr, hb90, st->smem_optin);
   } else switch (d->format) {
   case SMLA_CACHE_BF16: e = smla_cuda_fwd_prepare_bf16(&c.cfg, st->smem_optin); break;
   case SMLA_CACHE_FP8_TENSOR: e = smla_cuda_fwd_prepare_fp8(&c.cfg, st->smem_optin); break;
@@ -610,7 +618,8 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
     }
   }
   device_leave(ctx, prev);
-  const char *loop = sm90 ? ", tile loop v11 (relay)" : "";
+  char loop[96] = "";
+  if (sm90) snprintf(loop, sizeof loop, ", %s", smla_cuda_fwd90_variant(hb90));
   char merge[128] = "";
   if (merge_lo) {
     int n = snprintf(merge, sizeof merge, "; in-kernel merge for %d-%d splits (resident "
@@ -789,7 +798,7 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p,
   if (s != SMLA_OK) return s;
   cudaError_t e;
   if (c.sm90) {
-    e = smla_cuda_fwd90_launch(c.cfg.dr, &a, stream);
+    e = smla_cuda_fwd90_launch(c.cfg.dr, c.hb, &a, stream);
   } else switch (p->cache.format) {
   case SMLA_CACHE_BF16: e = smla_cuda_fwd_launch_bf16(&c.cfg, &a, stream); break;
   case SMLA_CACHE_FP8_TENSOR: e = smla_cuda_fwd_launch_fp8(&c.cfg, &a, stream); break;

@@ -254,15 +254,21 @@ cudaError_t smla_cuda_fwd_launch_fp8(const smla_cuda_fwd_config *c,
 cudaError_t smla_cuda_fwd_launch_ds(const smla_cuda_fwd_config *c,
                                     const smla_cuda_fwd_args *a, void *stream);
 
-/* The sm_90a wgmma forward (src/cuda/sm90/forward_wgmma.cu): BF16 cache, 64 heads per
- * block, the same args, grid (T * groups * num_splits blocks of 256 threads) and partial
- * states as the generic kernel. Machine code for sm_90a only: launch it on sm_90 devices. */
-uint32_t smla_cuda_fwd90_smem_bytes(int dr);
-cudaError_t smla_cuda_fwd90_prepare(int dr, int max_smem);
-cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *a, void *stream);
+/* The sm_90a wgmma forward (src/cuda/sm90/forward_wgmma.cu): BF16 cache, hb = 64 heads per
+ * block (v11, or v13 where built with SMLA_FWD90_ROWS32) or, where built with
+ * SMLA_FWD90_SMALL, hb = 8, 16 or 32 (the small-head kernel, for N <= 32:
+ * smla_cuda_fwd90_small_heads); the same args, grid (T * groups * num_splits blocks) and
+ * partial states as the generic kernel. Machine code for sm_90a only: launch it on sm_90
+ * devices. */
+int smla_cuda_fwd90_small_heads(int num_heads); /* 0: none for this N in this build */
+const char *smla_cuda_fwd90_variant(int hb);
+uint32_t smla_cuda_fwd90_smem_bytes(int dr, int hb);
+cudaError_t smla_cuda_fwd90_prepare(int dr, int hb, int max_smem);
+cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fwd_args *a, void *stream);
 /* How many clusters of `splits` blocks of the sm90 forward can be resident at once (0: a
- * cluster of that size cannot run). Call after smla_cuda_fwd90_prepare. */
-cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int splits, int *clusters);
+ * cluster of that size cannot run, or hb < 64: the small-head kernel never merges in the
+ * kernel). Call after smla_cuda_fwd90_prepare. */
+cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int hb, int splits, int *clusters);
 
 #ifdef __cplusplus
 }

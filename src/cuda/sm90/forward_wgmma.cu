@@ -1027,28 +1027,345 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   fwd_count_bad(a, grp, bad);
 }
 
+/* ---- small heads: swap-AB tiles for N <= 32 (SMLA_FWD90_SMALL; issue 21 item 2) ------------
+ * One block per (row t, split), HG = 8, 16 or 32 heads (the fewest that hold N), no matrix
+ * work for heads past HG: the heads sit on the wgmma N axis.
+ *   S^T[64 entries][HG] = K Q^T    36 wgmma m64nHGk16 (A = the stage's K rows, K-major;
+ *                                  B = Q, [HG rows][576] K-major)
+ *   the online softmax per head    a column of S^T: the max over the warp's 16 entries by
+ *                                  shuffles, over the 4 warps through shared memory
+ *   O^T[512][HG] += V^T P^T        8 x 4 wgmma m64nHGk16 (A = V^T, read MN-major from the
+ *                                  rows of V: imm-trans-a; B = P^T, [HG][64] K-major)
+ * by one compute warpgroup, tile after tile (the rows bound this kernel: at 16 heads a
+ * tile's 68 wgmma read ~160 KB of shared memory, ~0.7 us, against ~2.3 us for its 72 KB of
+ * rows at 4.2 TB/s over 132 SMs), and v11's gather warpgroup, two stages of 64 rows. Q
+ * is [kb][HG rows][128 B], 128-byte swizzle. No in-kernel split merge: the plan merges
+ * this kernel's splits with the combine kernel. */
+#ifndef SMLA_FWD90_SMALL
+#define SMLA_FWD90_SMALL 0
+#endif
+#if SMLA_FWD90_SMALL
+
+struct ws_layout {
+  uint32_t q, kv, p, red, mask, bar, total;
+};
+
+__host__ __device__ constexpr ws_layout ws_layout_of(int dr, int hg) {
+  ws_layout l = {};
+  const uint32_t kb = (uint32_t)((512 + dr) / 64);
+  l.q = 0;
+  l.kv = (kb * (uint32_t)hg * 128u + 1023u) & ~1023u;
+  l.p = l.kv + 2u * kb * W_KB_BYTES;      /* P^T, [hg][64] bf16, 128-byte swizzle */
+  l.red = l.p + (uint32_t)hg * 128u;      /* [2][4 warps][hg] float: maxima, sums */
+  l.mask = l.red + 2u * 4u * (uint32_t)hg * 4u; /* at 64: [2] uint64 used-entry words */
+  l.bar = l.mask + 4u * 64u;              /* full[2], empty[2] */
+  l.total = l.bar + 4u * 8u;
+  return l;
+}
+static_assert(ws_layout_of(64, 32).total + 1024u <= 232448u, "small-head layout");
+
+template <int DR, int HG>
+__global__ void __launch_bounds__(256, 1)
+    fwd90s_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
+  constexpr int BN = FWD_BN;
+  constexpr int KB = (512 + DR) / 64;
+  constexpr uint32_t TILE = KB * W_KB_BYTES;
+  constexpr uint32_t QB = HG * 128; /* a Q block: [HG rows][128 B] */
+  constexpr int NB = HG / 8;        /* n8 blocks of heads */
+  const float NEG_INF = -INFINITY;
+  static_assert(HG * W_OST_STRIDE * 4 <= 2 * TILE, "staged O^T: the stages");
+
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t raw_base = smem_addr(smem_raw);
+  const uint32_t sbase = (raw_base + 1023u) & ~1023u;
+  uint8_t *smem = smem_raw + (sbase - raw_base);
+  constexpr ws_layout L = ws_layout_of(DR, HG);
+  float *red = (float *)(smem + L.red);
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int wq = (tid >> 5) & 3, g = lane >> 2, tig = lane & 3;
+  const int r0 = 16 * wq + g; /* this thread's entries of a tile: r0 and r0 + 8 */
+
+  const fwd_block blk = fwd_block_of(a);
+  const int64_t t = blk.t;
+  const int grp = blk.grp, split = blk.split, ks = blk.ks, kend = blk.kend;
+  const int ntiles = blk.ntiles, h0 = grp * HG;
+  unsigned bad = 0;
+  const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
+  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u;
+  if (tid == 0) {
+    /* full: the 128 gather threads' copies and one arrival a gather warp (its mask bits);
+     * empty: the 4 compute warps. */
+    mbar_init(full_b, 132), mbar_init(full_b + 8u, 132);
+    mbar_init(empty_b, 4), mbar_init(empty_b + 8u, 4);
+  }
+  __syncthreads();
+  if (tid >= 128) {
+    /* The gather warpgroup, as the 64-head kernel's: warp pw, rows 16 pw.. of each tile;
+     * Q's HG rows first. */
+    if (ntiles > 0) {
+      const int pw = (tid - 128) >> 5, cl = lane & 7, rl = lane >> 3;
+      const int my_row = 16 * pw + (lane & 15);
+      slot_pipe spipe = slot_pipe_start(a, blk.req, blk.slot_row, ks, kend, my_row);
+#pragma unroll 1
+      for (int rg = 0; rg < 4; rg++) {
+        const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
+        if (row >= HG) break;
+#pragma unroll 1
+        for (int cb = 0; cb < KB; cb++) {
+          const int c = 8 * cb + cl;
+          cp_async_16(q_s + (uint32_t)(cb * QB + row * 128 + (((c & 7) ^ (row & 7)) << 4)),
+                      q_chunk_src(a, t, head, c), head < a.num_heads ? 16 : 0);
+        }
+      }
+#pragma unroll 1
+      for (int j = 0; j < ntiles; j++) {
+        const uint32_t st = (uint32_t)(j & 1);
+        if (j >= 2) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
+        const int32_t sc =
+            slot_pipe_next(spipe, a, blk.req, blk.slot_row, ks, kend, j, my_row);
+        unsigned nb = 0;
+        const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
+        bad += lane < 16 ? nb : 0u;
+        {
+          const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & 0xffffu;
+          if (lane == 0) {
+            *(volatile uint16_t *)(smem + L.mask + 64u + 8u * st + 2u * (uint32_t)pw) =
+                (uint16_t)bits;
+            mbar_arrive(full_b + 8u * st);
+          }
+        }
+        w_gather_rows<KB>(a, kv_s + st * TILE, pw, rl, cl, sc, u_mine);
+        mbar_arrive_cp_async_noinc(full_b + 8u * st);
+      }
+    }
+  } else {
+#define WS_SYNC() named_bar_sync(1, 128)
+    /* O^T: [8 blocks of 64 output columns][n8 block n, e]: output column 64 mt + r0 +
+     * 8 (e >> 1) of head 8 n + 2 tig + (e & 1). Per head (n, c = e & 1): m_run (the max
+     * l_run and O are relative to), l_run (this thread's two entries a tile), m_top. */
+    float O[8][HG / 2];
+#pragma unroll
+    for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+      for (int i = 0; i < HG / 2; i++) O[mt][i] = 0.0f;
+    float m_run[NB][2], l_run[NB][2], m_top[NB][2];
+#pragma unroll
+    for (int n = 0; n < NB; n++)
+#pragma unroll
+      for (int c = 0; c < 2; c++) m_run[n][c] = NEG_INF, l_run[n][c] = 0.0f, m_top[n][c] = NEG_INF;
+    const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask + 64);
+    uint8_t *pb = smem + L.p;
+
+#pragma unroll 1
+    for (int j = 0; j < ntiles; j++) {
+      const uint32_t st = (uint32_t)(j & 1);
+      const uint32_t kvb = kv_s + st * TILE;
+      mbar_wait(full_b + 8u * st, (uint32_t)((j >> 1) & 1)); /* tile j (and Q) */
+      fence_proxy_async();
+      const uint64_t um = umask[st];
+      const bool u0 = (um >> r0) & 1u, u1 = (um >> (r0 + 8)) & 1u;
+      float s[HG / 2];
+#pragma unroll
+      for (int i = 0; i < HG / 2; i++) s[i] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < HG / 2; i++) wg_pin(s[i]);
+      wg_fence();
+#pragma unroll
+      for (int kb = 0; kb < KB; kb++)
+#pragma unroll
+        for (int k4 = 0; k4 < 4; k4++)
+          wgmma_m64nNk16_ss<HG, 0>(s, wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024),
+                                   wg_desc(q_s + kb * QB + k4 * 32, 16, 1024));
+      wg_commit();
+      wg_wait<0>();
+#pragma unroll
+      for (int i = 0; i < HG / 2; i++) wg_pin(s[i]);
+
+      /* The tile's max of each head: this thread's two entries, the warp's 16, the 4 warps'. */
+      fwd_scale_logits<HG / 2>(s, a.logit_scale, a.softcap);
+      float tmax[NB][2];
+#pragma unroll
+      for (int n = 0; n < NB; n++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          s[4 * n + c] = u0 ? s[4 * n + c] : NEG_INF;
+          s[4 * n + 2 + c] = u1 ? s[4 * n + 2 + c] : NEG_INF;
+          float v = fmax_nan(s[4 * n + c], s[4 * n + 2 + c]); /* a NaN logit poisons the head */
+          v = fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, 4));
+          v = fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, 8));
+          v = fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, 16));
+          if (g == 0) red[wq * HG + 8 * n + 2 * tig + c] = v;
+        }
+      WS_SYNC();
+      float alpha[NB][2], mls[NB][2];
+#pragma unroll
+      for (int n = 0; n < NB; n++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          const int h = 8 * n + 2 * tig + c;
+          tmax[n][c] = fmax_nan(fmax_nan(red[h], red[HG + h]), fmax_nan(red[2 * HG + h], red[3 * HG + h]));
+          m_top[n][c] = fmax_nan(m_top[n][c], tmax[n][c]);
+          const float m_new = fmax_nan(m_run[n][c], tmax[n][c]); /* NaN: out, lse, max NaN */
+          const float use = m_new == NEG_INF ? 0.0f : m_new;     /* nothing used yet */
+          alpha[n][c] = ex2_approx((m_run[n][c] - use) * FWD_LOG2E);
+          m_run[n][c] = m_new;
+          mls[n][c] = use * FWD_LOG2E;
+        }
+      /* P^T (bf16) to the [HG][64] block: entry r of head h at chunk (r / 8) ^ (h % 8). */
+#pragma unroll
+      for (int n = 0; n < NB; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int c = e & 1, h = 8 * n + 2 * tig + c, r = r0 + 8 * (e >> 1);
+          const float p = ex2_approx(fmaf(s[4 * n + e], FWD_LOG2E, -mls[n][c]));
+          l_run[n][c] = (e >> 1) ? l_run[n][c] + p : l_run[n][c] * alpha[n][c] + p;
+          *(__nv_bfloat16 *)(pb + h * 128 + (((r >> 3) ^ (h & 7)) << 4) + 2 * (r & 7)) =
+              __float2bfloat16_rn(p);
+        }
+#pragma unroll
+      for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+        for (int i = 0; i < HG / 2; i++) O[mt][i] *= alpha[i >> 2][i & 1];
+      fence_proxy_async(); /* P^T visible to wgmma */
+      WS_SYNC();           /* every warp's P^T stored, and red read */
+#pragma unroll
+      for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+        for (int i = 0; i < HG / 2; i++) wg_pin(O[mt][i]);
+      wg_fence();
+#pragma unroll
+      for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+          wgmma_m64nNk16_ss<HG, 1>(O[mt], wg_desc(kvb + mt * W_KB_BYTES + k * 16 * 128, W_KB_BYTES, 1024),
+                                   wg_desc(p_s + k * 32, 16, 1024));
+      wg_commit();
+      wg_wait<0>();
+#pragma unroll
+      for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+        for (int i = 0; i < HG / 2; i++) wg_pin(O[mt][i]);
+      if (lane == 0) mbar_arrive(empty_b + 8u * st); /* this warp is done with the stage */
+    }
+    griddep_launch_dependents();
+
+    /* ---- epilogue: l over the warp's and the 4 warps' entries, then each head's row ---- */
+    float f[NB][2];
+    void **dst_s = (void **)(smem + L.q); /* per head: its output row, or NULL */
+#pragma unroll
+    for (int n = 0; n < NB; n++)
+#pragma unroll
+      for (int c = 0; c < 2; c++) {
+        float l = l_run[n][c];
+        l += __shfl_xor_sync(0xffffffffu, l, 4);
+        l += __shfl_xor_sync(0xffffffffu, l, 8);
+        l += __shfl_xor_sync(0xffffffffu, l, 16);
+        if (g == 0) red[4 * HG + wq * HG + 8 * n + 2 * tig + c] = l;
+      }
+    WS_SYNC(); /* also: every wgmma read of Q done (dst_s overwrites it) */
+    float *ost = (float *)(smem + L.kv);
+#pragma unroll
+    for (int n = 0; n < NB; n++)
+#pragma unroll
+      for (int c = 0; c < 2; c++) {
+        const int h = 8 * n + 2 * tig + c, head = h0 + h;
+        const bool writer = wq == 0 && g == 0;
+        f[n][c] = 0.0f;
+        if (head >= a.num_heads) {
+          if (writer) dst_s[h] = NULL;
+          continue;
+        }
+        const float l = red[4 * HG + h] + red[5 * HG + h] + red[6 * HG + h] + red[7 * HG + h];
+        const fwd_row_out r = fwd_row_epilogue(a, t, split, head, l, m_run[n][c], m_top[n][c], writer);
+        if (writer) dst_s[h] = r.out ? (void *)r.out : (void *)r.part;
+        f[n][c] = r.f;
+      }
+#pragma unroll
+    for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+      for (int i = 0; i < HG / 2; i++) {
+        const int n = i >> 2, e = i & 3, h = 8 * n + 2 * tig + (e & 1);
+        ost[h * W_OST_STRIDE + 64 * mt + r0 + 8 * (e >> 1)] = O[mt][i] * f[n][e & 1];
+      }
+    WS_SYNC();
+#pragma unroll 1
+    for (int h = wq; h < HG; h += 4) {
+      if (a.num_splits == 1) {
+        uint16_t *dst = (uint16_t *)dst_s[h];
+        if (!dst) continue;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+          const int col = 8 * (lane + 32 * i);
+          const float4 u = *(const float4 *)(ost + h * W_OST_STRIDE + col);
+          const float4 v = *(const float4 *)(ost + h * W_OST_STRIDE + col + 4);
+          *(uint4 *)(dst + col) = make_uint4(pack_bf16x2(u.x, u.y), pack_bf16x2(u.z, u.w),
+                                             pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+        }
+      } else {
+        float *dst = (float *)dst_s[h];
+        if (!dst) continue;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int col = 4 * (lane + 32 * i);
+          *(float4 *)(dst + col) = *(const float4 *)(ost + h * W_OST_STRIDE + col);
+        }
+      }
+    }
+#undef WS_SYNC
+  }
+  fwd_count_bad(a, grp, bad);
+}
+#endif /* SMLA_FWD90_SMALL */
+
 PROBE_DEFINE_DUMP(smla_probe_dump_fwd90)
 
-extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr) {
+/* Heads a block of the small-head kernel for N (0: N > 32, or the kernel is not built). */
+extern "C" int smla_cuda_fwd90_small_heads(int num_heads) {
+#if SMLA_FWD90_SMALL
+  return num_heads <= 8 ? 8 : num_heads <= 16 ? 16 : num_heads <= 32 ? 32 : 0;
+#else
+  (void)num_heads;
+  return 0;
+#endif
+}
+
+/* The tile loop a plan with hb heads a block runs (smla_plan_describe). */
+extern "C" const char *smla_cuda_fwd90_variant(int hb) {
+  if (hb < 64) return "swap-AB small-head tiles (heads on the wgmma N axis)";
+  return SMLA_FWD90_ROWS32 ? "tile loop v13 (32-row tiles, S ahead)" : "tile loop v11 (relay)";
+}
+
+extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr, int hb) {
+#if SMLA_FWD90_SMALL
+  if (hb < 64) return ws_layout_of(dr, hb).total + 1024u;
+#endif
+  (void)hb;
   return w_layout_of(dr).total + 1024u; /* + slack to align the base to 1024 */
 }
 
-/* The kernel for a Dr. */
-static const void *w_kernel(int dr) {
+/* The kernel for a Dr and heads a block. */
+static const void *w_kernel(int dr, int hb) {
+#if SMLA_FWD90_SMALL
+  if (hb == 8) return dr == 64 ? (const void *)fwd90s_kernel<64, 8> : (const void *)fwd90s_kernel<0, 8>;
+  if (hb == 16) return dr == 64 ? (const void *)fwd90s_kernel<64, 16> : (const void *)fwd90s_kernel<0, 16>;
+  if (hb == 32) return dr == 64 ? (const void *)fwd90s_kernel<64, 32> : (const void *)fwd90s_kernel<0, 32>;
+#endif
+  (void)hb;
   return dr == 64 ? (const void *)fwd90_kernel<64> : (const void *)fwd90_kernel<0>;
 }
 
-extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int max_smem) {
-  return cudaFuncSetAttribute(w_kernel(dr), cudaFuncAttributeMaxDynamicSharedMemorySize,
+extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int hb, int max_smem) {
+  return cudaFuncSetAttribute(w_kernel(dr, hb), cudaFuncAttributeMaxDynamicSharedMemorySize,
                               max_smem);
 }
 
 /* A launch configuration of the forward: clusters of `cluster` blocks (1: none). */
-static cudaLaunchConfig_t w_config(unsigned blocks, uint32_t smem, int cluster, void *stream,
-                                   cudaLaunchAttribute *attr) {
+static cudaLaunchConfig_t w_config(unsigned blocks, unsigned threads, uint32_t smem, int cluster,
+                                   void *stream, cudaLaunchAttribute *attr) {
   cudaLaunchConfig_t c = {};
   c.gridDim = dim3(blocks, 1, 1);
-  c.blockDim = dim3(W_BLOCK, 1, 1);
+  c.blockDim = dim3(threads, 1, 1);
   c.dynamicSmemBytes = smem;
   c.stream = (cudaStream_t)stream;
   attr->id = cudaLaunchAttributeClusterDimension;
@@ -1060,25 +1377,31 @@ static cudaLaunchConfig_t w_config(unsigned blocks, uint32_t smem, int cluster, 
   return c;
 }
 
-extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int splits, int *clusters) {
+/* Resident clusters of `splits` blocks (0: none; the small-head kernel never merges in the
+ * kernel). */
+extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int hb, int splits,
+                                                        int *clusters) {
   *clusters = 0;
-  if (splits < 2 || splits > 8) return cudaSuccess;
+  if (splits < 2 || splits > 8 || hb < 64) return cudaSuccess;
   cudaLaunchAttribute attr;
-  cudaLaunchConfig_t c = w_config((unsigned)splits, smla_cuda_fwd90_smem_bytes(dr), splits,
-                                  NULL, &attr);
-  return cudaOccupancyMaxActiveClusters(clusters, w_kernel(dr), &c);
+  cudaLaunchConfig_t c = w_config((unsigned)splits, W_BLOCK, smla_cuda_fwd90_smem_bytes(dr, hb),
+                                  splits, NULL, &attr);
+  return cudaOccupancyMaxActiveClusters(clusters, w_kernel(dr, hb), &c);
 }
 
-extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, const smla_cuda_fwd_args *a,
+extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fwd_args *a,
                                               void *stream) {
   const int64_t blocks = a->num_tokens * a->groups * a->num_splits;
   if (blocks <= 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  if (a->cluster_merge && (a->num_splits < 2 || a->num_splits > 8 || a->cluster_merge != a->num_splits))
+  if (a->cluster_merge && (hb < 64 || a->num_splits < 2 || a->num_splits > 8 ||
+                           a->cluster_merge != a->num_splits))
     return cudaErrorInvalidValue;
+  if (hb < 64 && smla_cuda_fwd90_small_heads(a->num_heads) != hb) return cudaErrorInvalidValue;
   cudaLaunchAttribute attr;
-  cudaLaunchConfig_t c = w_config((unsigned)blocks, smla_cuda_fwd90_smem_bytes(dr),
+  cudaLaunchConfig_t c = w_config((unsigned)blocks, hb < 64 ? 256u : (unsigned)W_BLOCK,
+                                  smla_cuda_fwd90_smem_bytes(dr, hb),
                                   a->cluster_merge ? a->num_splits : 1, stream, &attr);
   void *args[1] = {(void *)a};
-  return cudaLaunchKernelExC(&c, w_kernel(dr), args);
+  return cudaLaunchKernelExC(&c, w_kernel(dr, hb), args);
 }

@@ -82,15 +82,48 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float d[32], uint64_t da, uin
       : "l"(da), "l"(db), "n"(1));
 }
 
-/* wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16: d[64x32] += A[64x16] B[16x32], A and
- * B K-major in shared memory (bench/wgmma_s.cu's 32-row tiles). */
+/* wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 for N = 8, 16, 32: d[64xN] +=
+ * A[64x16] B[16xN], both in shared memory, B K-major; A K-major (TA = 0: Q in v13's and
+ * bench/wgmma_s.cu's 32-row S, K rows in the small-head kernel's S^T = K Q^T) or MN-major
+ * (TA = 1, imm-trans-a: V^T in the small-head kernel's O^T += V^T P^T, read from the rows
+ * of V). d: N / 2 floats a thread. */
+template <int TA = 0>
+__device__ __forceinline__ void wgmma_m64n8k16_ss(float d[4], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "n"(1), "n"(TA));
+}
+
+template <int TA = 0>
+__device__ __forceinline__ void wgmma_m64n16k16_ss(float d[8], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+      : WG_F8(d, 0)
+      : "l"(da), "l"(db), "n"(1), "n"(TA));
+}
+
+template <int TA = 0>
 __device__ __forceinline__ void wgmma_m64n32k16_ss(float d[16], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, %19, 0;\n}\n"
       : WG_F8(d, 0), WG_F8(d, 8)
-      : "l"(da), "l"(db), "n"(1));
+      : "l"(da), "l"(db), "n"(1), "n"(TA));
+}
+
+/* The one of the three for N. */
+template <int N, int TA>
+__device__ __forceinline__ void wgmma_m64nNk16_ss(float *d, uint64_t da, uint64_t db) {
+  static_assert(N == 8 || N == 16 || N == 32, "N = 8, 16 or 32");
+  if (N == 8) wgmma_m64n8k16_ss<TA>(d, da, db);
+  else if (N == 16) wgmma_m64n16k16_ss<TA>(d, da, db);
+  else wgmma_m64n32k16_ss<TA>(d, da, db);
 }
 
 /* S = Q K^T issued as one commit group: s (N / 2 floats a thread) zeroed, then KB x 4
