@@ -1102,15 +1102,16 @@ __global__ void __launch_bounds__(256, 1)
   __syncthreads();
   if (tid >= 128) {
     /* The gather warpgroup, as the 64-head kernel's: warp pw, rows 16 pw.. of each tile;
-     * Q's HG rows first. */
+     * Q's HG rows first, tile 0's slots before them. */
     if (ntiles > 0) {
       const int pw = (tid - 128) >> 5, cl = lane & 7, rl = lane >> 3;
       const int my_row = 16 * pw + (lane & 15);
       slot_pipe spipe = slot_pipe_start(a, blk.req, blk.slot_row, ks, kend, my_row);
+      /* Q's rows spread over the 4 warps (4 a warp an instruction): at T = 1 its copies
+       * and tile 0's are the block's first round trip. */
 #pragma unroll 1
-      for (int rg = 0; rg < 4; rg++) {
-        const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
-        if (row >= HG) break;
+      for (int row = 4 * pw + rl; row < HG; row += 16) {
+        const int head = h0 + row;
 #pragma unroll 1
         for (int cb = 0; cb < KB; cb++) {
           const int c = 8 * cb + cl;
