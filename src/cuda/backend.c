@@ -414,7 +414,7 @@ static void plan_choice(const smla_plan *plan, fwd_choice *c) {
   memset(c, 0, sizeof *c);
   c->cfg.format = (int)plan->desc.format;
   c->cfg.dr = plan->desc.dr;
-  c->cfg.mtiles = plan->heads_per_block / 16;
+  c->cfg.mtiles = plan->heads_per_block / 16; /* the generic kernel's; unused on sm90 */
   c->sm90 = plan->kernel == KERNEL_SM90;
   c->hb = plan->heads_per_block;
   c->cfg.pipe = c->sm90 ? 2 : plan->kernel;

@@ -121,8 +121,8 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float d[16], uint64_t da, uin
 template <int N, int TA>
 __device__ __forceinline__ void wgmma_m64nNk16_ss(float *d, uint64_t da, uint64_t db) {
   static_assert(N == 8 || N == 16 || N == 32, "N = 8, 16 or 32");
-  if (N == 8) wgmma_m64n8k16_ss<TA>(d, da, db);
-  else if (N == 16) wgmma_m64n16k16_ss<TA>(d, da, db);
+  if constexpr (N == 8) wgmma_m64n8k16_ss<TA>(d, da, db);
+  else if constexpr (N == 16) wgmma_m64n16k16_ss<TA>(d, da, db);
   else wgmma_m64n32k16_ss<TA>(d, da, db);
 }
 
