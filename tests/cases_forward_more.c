@@ -389,8 +389,9 @@ static void c_wide_n128_merges(t_case *tc) {
  * distributed shared memory, R clusters a row merged by the last to finish): forced splits
  * 2, 3, 7, 8 (R = 1; 3 and 7 own uneven column ranges), 14 (7 x 2), 16 (8 x 2), 24 (8 x
  * 3), 32 (8 x 4), and 16 with SMLA_PLAN_SEPARATE_MERGE through the combine kernel; at 16
- * heads (bf16, dr 64, sink), 32 heads (dr 0, softcap) and 64 heads with the portable
- * kernel (FP8_TENSOR: the value scale is applied by the merge), every row with a random
+ * heads (bf16, dr 64, sink), 32 heads (dr 0, softcap) and 64 heads (FP8_TENSOR: the value
+ * scale is applied by the merge), all with SMLA_PLAN_PORTABLE (on sm_90 devices the plan
+ * would otherwise take an sm90 kernel, which merges differently), every row with a random
  * length (whole clusters empty) and planted bad slots, each against the CPU. Where the
  * plan can merge in the kernel (its describe names programmatic launch: sm_90 code on
  * an sm_90 device) it must say it does, with the clusters expected, so that a lost merge
@@ -440,10 +441,10 @@ static void generic_merges(t_case *tc, int N, int dr, smla_cache_format format, 
   }
 }
 static void c_generic_merges_n16(t_case *tc) {
-  generic_merges(tc, 16, 64, SMLA_CACHE_BF16, 0.0f, 1, 0);
+  generic_merges(tc, 16, 64, SMLA_CACHE_BF16, 0.0f, 1, SMLA_PLAN_PORTABLE);
 }
 static void c_generic_merges_n32_dr0(t_case *tc) {
-  generic_merges(tc, 32, 0, SMLA_CACHE_BF16, 5.0f, 0, 0);
+  generic_merges(tc, 32, 0, SMLA_CACHE_BF16, 5.0f, 0, SMLA_PLAN_PORTABLE);
 }
 static void c_generic_merges_n64_fp8(t_case *tc) {
   generic_merges(tc, 64, 64, SMLA_CACHE_FP8_TENSOR, 0.0f, 1, SMLA_PLAN_PORTABLE);

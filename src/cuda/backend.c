@@ -608,6 +608,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   s = device_enter(ctx, fn, &prev);
   if (s != SMLA_OK) return s;
   if (!sm90) (void)kernel_caps(&c, 1, &pdl);
+  else pdl = 1; /* sm_90a code: griddepcontrol is in both sm90 kernels */
   plan->forward_pdl = pdl && st->cc_major >= 9;
   for (int k = 2; k <= 8 && !(d->flags & SMLA_PLAN_SEPARATE_MERGE); k++) {
     const int n = kernel_caps(&c, k, &pdl);
@@ -771,7 +772,7 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p,
   a.max_logit_stride_t = p->max_logit_stride_t;
   a.bad_inputs = (unsigned long long *)p->bad_inputs;
   a.cluster_merge = merged ? merge_cluster_of(&c, splits) : 0;
-  a.pdl = !c.sm90 && plan->forward_pdl;
+  a.pdl = plan->forward_pdl;
   if (a.cluster_merge && a.cluster_merge < splits) { /* generic, R > 1 clusters a row */
     if (T > plan->counter_rows)
       return smla_set_error(ctx, SMLA_ERR_INTERNAL, "%s: T = %lld needs merge counters the "

@@ -119,21 +119,14 @@ struct fwd_block {
   int32_t req; /* smla_forward_indices: row t's request (else 0) */
 };
 
-/* SMLA_FWD_BLOCK32 (session 14, compiled, not yet measured; default 0): the block's
- * (t, group, split) by 32-bit unsigned division. The grid is one dimension of at most
- * 2^31 - 1 blocks (the plan refuses more), so every quotient and remainder is the same as
- * in 64 bits; 64-bit division by a run-time divisor is a software routine (~70
- * instructions each behind a 32-bit fast path), and every global address of the block
- * (lengths, the slots, Q) waits on it. In the 16-head BF16 instance (sm_90) the first
- * global load moves from instruction 179 to 110. Predicted: ~0.05-0.15 us at T = 1, where
- * that chain is the step's head; nothing measurable where tiles dominate. */
-#ifndef SMLA_FWD_BLOCK32
-#define SMLA_FWD_BLOCK32 0
-#endif
-
+/* The block's (t, group, split) by 32-bit unsigned division: the grid is one dimension of at
+ * most 2^31 - 1 blocks (the launches refuse more), so every quotient and remainder is the
+ * same as in 64 bits, where division by a run-time divisor is a software routine (~70
+ * instructions) that every global address of the block (lengths, slots, Q) waited on.
+ * Measured against the 64-bit form (H100, bench/RESULTS.md session 16): T = 1 N = 16
+ * 9.92-9.96 -> 9.76-9.80 us amortized, T <= 4 0.1-0.16 us faster, T >= 16 equal. */
 __device__ __forceinline__ fwd_block fwd_block_of(const smla_cuda_fwd_args &a) {
   fwd_block b;
-#if SMLA_FWD_BLOCK32
   const uint32_t bid = blockIdx.x, S = (uint32_t)a.num_splits, G = (uint32_t)a.groups;
   if (a.cluster_merge) { /* (t, group, split): a cluster is the splits of one (t, group) */
     const uint32_t rest = bid / S;
@@ -148,20 +141,6 @@ __device__ __forceinline__ fwd_block fwd_block_of(const smla_cuda_fwd_args &a) {
     b.split = (int)(rest - t * S);
     b.t = t;
   }
-#else
-  const int64_t bid = blockIdx.x;
-  if (a.cluster_merge) { /* (t, group, split): a cluster is the splits of one (t, group) */
-    b.split = (int)(bid % a.num_splits);
-    const int64_t rest = bid / a.num_splits;
-    b.grp = (int)(rest % a.groups);
-    b.t = rest / a.groups;
-  } else {
-    b.grp = (int)(bid % a.groups);
-    const int64_t rest = bid / a.groups;
-    b.split = (int)(rest % a.num_splits);
-    b.t = rest / a.num_splits;
-  }
-#endif
   int len = a.topk;
   if (a.lengths) len = min(max(a.lengths[b.t], 0), a.topk);
   b.ks = b.split * a.split_len;

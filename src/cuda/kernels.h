@@ -166,9 +166,10 @@ typedef struct smla_cuda_fwd_args {
    * merges the R slices into the final row and sets its counter back to 0. */
   int cluster_merge;
   int *merge_counters;         /* generic, R > 1: [T][groups][8], zero between launches */
-  int pdl;                     /* generic: launched as a programmatic dependent of the
-                                  stream's previous kernel (waits for it before its first
-                                  global access; needs sm_90 code: smla_cuda_fwd_caps) */
+  int pdl;                     /* launched as a programmatic dependent of the stream's
+                                  previous kernel (waits for it before its first global
+                                  access; generic: needs sm_90 code, smla_cuda_fwd_caps;
+                                  sm90: both kernels, since session 16) */
   unsigned long long *bad_inputs; /* may be NULL */
   /* smla_forward_indices: conv.req_id != NULL; then slots / slots_stride are the request-
    * local positions (conv.local), each converted by convert_one as read (conv.slots,

@@ -53,17 +53,13 @@
 #define W_OST_STRIDE 520
 
 
-/* SMLA_FWD90_ROWS32 (v13, session 16; default 0 while it is measured): tiles of 32 rows on
- * four 36 KB stages instead of 64 rows on two 72 KB ones, so that a warpgroup can issue the
- * S of its own tile before the other's P of the tile before (v12's order) and still keep
- * tiles in flight: the stage that order releases late is one of four, not one of two. */
-#ifndef SMLA_FWD90_ROWS32
-#define SMLA_FWD90_ROWS32 0
+/* SMLA_FWD90_PDL (session 16; default 1): both sm90 kernels are launched as programmatic
+ * dependents of the stream's previous kernel where the plan asks (a.pdl), as the generic
+ * kernel is: the launch and the block's setup run under that kernel's tail. 0 launches
+ * them plainly (the A/B against session 15's behaviour). */
+#ifndef SMLA_FWD90_PDL
+#define SMLA_FWD90_PDL 1
 #endif
-#define W_BN (SMLA_FWD90_ROWS32 ? 32 : 64)  /* rows a tile */
-#define W_NST (SMLA_FWD90_ROWS32 ? 4 : 2)   /* stages */
-#define W_SB_BYTES (W_BN * 128)             /* a stage's block of 64 bf16 columns */
-#define W_PB_BYTES (64 * W_BN * 2)          /* a tile's P, [64 heads][W_BN] bf16 */
 
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
@@ -76,23 +72,6 @@ struct w_layout {
 
 __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   w_layout l = {};
-#if SMLA_FWD90_ROWS32
-  /* Q 9 x 8 KB; 4 stages of 9 x 4 KB (dr = 64: P in the rope block; dr = 0: a 4 KB P block
-   * a stage after them); xm [4][m, top][64] float; red, rowmax, rowtop as below; at mask:
-   * the tile count, then at 64 [4] uint32 used-entry words; mbarriers full[4], empty[4],
-   * pready[4], qfull. */
-  const uint32_t tile = (uint32_t)((512 + dr) / 64) * W_SB_BYTES;
-  l.q = 0;
-  l.kv = l.q + (uint32_t)((512 + dr) / 64) * W_KB_BYTES;
-  l.p = l.kv + W_NST * tile;
-  l.xm = l.p + (dr ? 0u : W_NST * W_PB_BYTES);
-  l.red = l.xm + W_NST * 512u;
-  l.rowmax = l.red + 2u * 64u * 4u;
-  l.rowtop = l.rowmax + 64u * 4u;
-  l.mask = l.rowtop + 64u * 4u;
-  l.bar = l.mask + 4u * 64u;
-  l.total = l.bar + (3u * W_NST + 1u) * 8u;
-#else
   const uint32_t tile = (uint32_t)((512 + dr) / 64) * W_KB_BYTES;
   l.q = 0;
   l.kv = l.q + tile;
@@ -107,7 +86,6 @@ __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   l.mask = l.rowtop + 64u * 4u;  /* at 64: [2] uint64, each stage's used-entry bits */
   l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], pready[2] (, full_b2[2]) */
   l.total = l.bar + 6u * 8u;
-#endif
   return l;
 }
 /* Both layouts, with the 1 KB slack that aligns the base, within the 227 KB opt-in (else
@@ -121,10 +99,6 @@ __device__ __forceinline__ uint32_t w_chunk(int r, int c) {
   return (uint32_t)((c >> 3) * W_KB_BYTES + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-/* The same in a stage's stack (blocks of W_SB_BYTES: 8 KB, or 4 KB with 32-row tiles). */
-__device__ __forceinline__ uint32_t w_chunk_st(int r, int c) {
-  return (uint32_t)((c >> 3) * W_SB_BYTES + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
 
 /* The in-kernel split merge (a.cluster_merge; docs/design/cuda-sm90-forward.md, v6): the
  * splits of one (t, head group) are one cluster. Every block reads the row max m and sum
@@ -452,279 +426,6 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
   w11_pin_o(O);
 }
 
-#if SMLA_FWD90_ROWS32
-/* ---- v13: 32-row tiles, S ahead (SMLA_FWD90_ROWS32; docs/design/cuda-sm90-forward.md) ----
- * v12's order on tiles of 32 rows and four stages. Tile j (rows 32 j.. of the split) lands
- * in stage j % 4 and belongs to warpgroup j % 2, which issues its S (36 wgmma m64n32k16) as
- * soon as the rows have landed, before it waits for the other's P of tile j-1; S then runs
- * under the other's softmax, and the chain per tile is pready -> softmax -> pready. One
- * pair a loop iteration (ptxas keeps the wgmma asynchronous only so; session 14), the
- * other's tile j-1 and the own tile j:
- *   wait full(j) | S(j) issued | wait pready(j-1) | m(j-1), O rescaled where a row moved
- *   | PV(j-1) issued (SS, P from the stage's P block) | wait 1: S(j) done | softmax(j),
- *   P(j) to registers and to the P block, published | wait 0: PV(j-1) done, its stage
- *   released | O rescaled where a row moved | PV(j) issued (RS) | wait 0, its stage
- *   released.
- * The release of stage j-1 waits for tile j to land (groups complete in order), as in
- * v12; with four stages, tiles j+1 and j+2 are in flight meanwhile (v12 had none). P of a
- * 32-row tile, [64][32] bf16, is in the 64-byte swizzle (rows of 64 bytes): the rope block
- * of the stage (4 KB) at dr = 64. S reads Q twice per 64 entries (m64n32k16 asks 192 bytes
- * of shared memory a tensor cycle, the rate is 128): napkin ~1.8 us per 64 entries against
- * v11's 2.45 (H100). */
-
-/* O[:, 256 wg + ...] += P V of the 32-row stage at kvb; P from registers (pa[4k..4k+3]:
- * k-step k's A fragment) or from the [64][32] P block at p_s (64-byte swizzle). */
-__device__ __forceinline__ void w13_pv_rs(float O[2][64], const uint32_t pa[8], uint32_t kvb,
-                                          int wg) {
-  w11_pin_o(O);
-  wg_fence();
-#pragma unroll
-  for (int k = 0; k < 2; k++)
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-      wgmma_m64n128k16_rs_tb(O[h], pa + 4 * k,
-                             wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * W_SB_BYTES + k * 16 * 128),
-                                     W_SB_BYTES, 1024));
-  wg_commit();
-}
-
-__device__ __forceinline__ void w13_pv_ss(float O[2][64], uint32_t p_s, uint32_t kvb, int wg) {
-  w11_pin_o(O);
-  wg_fence();
-#pragma unroll
-  for (int k = 0; k < 2; k++) {
-    const uint64_t da = wg_desc_sw64(p_s + k * 32, 16, 512);
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-      wgmma_m64n128k16_ss_tb(O[h], da,
-                             wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * W_SB_BYTES + k * 16 * 128),
-                                     W_SB_BYTES, 1024));
-  }
-  wg_commit();
-}
-
-/* The other warpgroup's tile, once pready has come: m and the largest logit from xm, l and
- * (where a row of this warp moved) O rescaled to that m. */
-__device__ __forceinline__ void w13_take_m(const float *xmj, int r0, float O[2][64],
-                                           float m_run[2], float l_run[2], float m_top[2]) {
-  const float NEG_INF = -INFINITY;
-  float f[2];
-  bool moved = false;
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) {
-    const int row = r0 + 8 * hh;
-    const float mj = xmj[row];
-    m_top[hh] = xmj[64 + row];
-    moved |= !(mj == m_run[hh]); /* NaN moves */
-    const float use = mj == NEG_INF ? 0.0f : mj;
-    f[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-    l_run[hh] *= f[hh];
-    m_run[hh] = mj;
-  }
-  if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
-}
-
-/* An own tile's softmax, S (done) in s: logits masked by the used-entry word um (shifted to
- * this thread: bit 8 n + e is column 8 n + 2 tig + e), the row max from m_run (lazy, v10),
- * P to pa and to the P block at pb, m and the largest logit to xmj, then this thread's
- * arrival on pready. Returns whether a row of this warp moved; alpha and lsum for the
- * caller's l and O. */
-__device__ __forceinline__ bool w13_softmax(const smla_cuda_fwd_args &a, float s[16],
-                                            uint32_t um, int r0, int tig, float m_run[2],
-                                            float m_top[2], float alpha[2], float lsum[2],
-                                            uint32_t pa[8], uint8_t *pb, float *xmj,
-                                            uint32_t pready_bar W11_STEP_PROBE_ARGS) {
-  const float NEG_INF = -INFINITY;
-  float tmax[2] = {NEG_INF, NEG_INF};
-  fwd_scale_logits<16>(s, a.logit_scale, a.softcap);
-#pragma unroll
-  for (int n = 0; n < 4; n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      float v = s[4 * n + e];
-      v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
-      s[4 * n + e] = v;
-      tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
-    }
-  float mls[2];
-  bool moved = false;
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) {
-    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
-    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
-    m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
-    float m_new = fmax_nan(m_run[hh], tmax[hh]); /* NaN: out, lse, max NaN */
-    if (W_TAU > 0.0f && m_new - m_run[hh] <= W_TAU) m_new = m_run[hh];
-    else moved = true;
-    const float use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
-    alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-    m_run[hh] = m_new;
-    mls[hh] = use * FWD_LOG2E;
-    lsum[hh] = 0.0f;
-  }
-#pragma unroll
-  for (int n = 0; n < 4; n++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
-      const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
-      lsum[hh] += p0 + p1;
-      pa[2 * n + hh] = pack_bf16x2(p0, p1);
-    }
-#if SMLA_PROBE
-#pragma unroll
-  for (int i = 0; i < 8; i++) asm volatile("" ::"r"(pa[i]) : "memory");
-#endif
-  W11_PHASE(4);
-#pragma unroll
-  for (int n = 0; n < 4; n++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const int r = r0 + 8 * hh; /* 64-byte rows, chunk n at n ^ ((r / 2) % 4) */
-      *(uint32_t *)(pb + r * 64 + ((n ^ ((r >> 1) & 3)) << 4) + 4 * tig) = pa[2 * n + hh];
-    }
-  if (tig == 0)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) xmj[r0 + 8 * hh] = m_run[hh], xmj[64 + r0 + 8 * hh] = m_top[hh];
-  fence_proxy_async(); /* P visible to the other warpgroup's wgmma */
-  mbar_arrive(pready_bar); /* every thread, for its own stores (session 13 run 6) */
-  W11_PHASE(5);
-  return moved;
-}
-
-/* One pair: the other's tile j-1 (PREV) and the own tile j, in the order above. */
-template <int DR, bool PREV>
-__device__ __forceinline__ void w13_pair(const smla_cuda_fwd_args &a, uint8_t *smem,
-                                         uint32_t sbase, const w_layout &L, int wg, int j,
-                                         float O[2][64], float m_run[2], float l_run[2],
-                                         float m_top[2], float s[16], uint32_t pa[8],
-                                         uint32_t &q_s W11_STEP_PROBE_ARGS) {
-  constexpr int KB = (512 + DR) / 64;
-  constexpr uint32_t TILE = KB * W_SB_BYTES;
-  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
-  const int tig = lane & 3, r0 = 16 * wq + (lane >> 2);
-  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 8u * W_NST,
-                 pready_b = full_b + 16u * W_NST;
-  const volatile uint32_t *umask = (const volatile uint32_t *)(smem + L.mask + 64);
-  const uint32_t st = (uint32_t)j & 3u, so = (uint32_t)(j - 1) & 3u;
-  const uint32_t kvb = sbase + L.kv + st * TILE, kvo = sbase + L.kv + so * TILE;
-  const uint32_t pblk = DR ? kvb + 8u * W_SB_BYTES : sbase + L.p + st * W_PB_BYTES;
-  const uint32_t pblo = DR ? kvo + 8u * W_SB_BYTES : sbase + L.p + so * W_PB_BYTES;
-  float *xmj = (float *)(smem + L.xm) + st * 128u, *xmo = (float *)(smem + L.xm) + so * 128u;
-
-  mbar_wait(full_b + 8u * st, (uint32_t)(j >> 2) & 1u); /* tile j */
-  W11_PHASE(2);
-  fence_proxy_async();
-  const uint32_t um = umask[st] >> (2 * tig);
-  asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
-  uint32_t kv_sb = kvb;
-  asm volatile("mov.u32 %0, %0;" : "+r"(kv_sb));
-  wg_s_issue<32, KB, W_SB_BYTES>(s, q_s, kv_sb);
-  W11_PHASE(3);
-  if (PREV) { /* the other's tile j-1 */
-    mbar_wait(pready_b + 8u * so, (uint32_t)((j - 1) >> 2) & 1u); /* P(j-1), m(j-1) */
-    W11_PHASE(1);
-    fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
-    w13_take_m(xmo, r0, O, m_run, l_run, m_top);
-    w13_pv_ss(O, pblo, kvo, wg);
-    W11_PHASE(6);
-    wg_wait<1>();
-  } else {
-    wg_wait<0>();
-  }
-#pragma unroll
-  for (int i = 0; i < 16; i++) wg_pin(s[i]);
-  W11_PHASE(3);
-  float alpha[2], lsum[2];
-  const bool moved = w13_softmax(a, s, um, r0, tig, m_run, m_top, alpha, lsum, pa,
-                                 smem + (pblk - sbase), xmj, pready_b + 8u * st W11_STEP_PROBE);
-  if (PREV) {
-    wg_wait<0>();
-    w11_pin_o(O);
-    if (lane == 0) mbar_arrive(empty_b + 8u * so);
-  }
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
-  if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
-  w13_pv_rs(O, pa, kvb, wg);
-  W11_PHASE(6);
-  wg_wait<0>();
-#pragma unroll
-  for (int i = 0; i < 8; i++) asm volatile("" ::"r"(pa[i]) : "memory");
-  w11_pin_o(O);
-  if (lane == 0) mbar_arrive(empty_b + 8u * st);
-  W11_PHASE(1);
-}
-
-/* The other warpgroup's last tile j (no own tile after it). */
-template <int DR>
-__device__ __forceinline__ void w13_last(uint8_t *smem, uint32_t sbase, const w_layout &L,
-                                         int wg, int j, float O[2][64], float m_run[2],
-                                         float l_run[2], float m_top[2] W11_STEP_PROBE_ARGS) {
-  constexpr uint32_t TILE = (512 + DR) / 64 * W_SB_BYTES;
-  const int lane = threadIdx.x & 31, r0 = 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2);
-  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 8u * W_NST,
-                 pready_b = full_b + 16u * W_NST;
-  const uint32_t st = (uint32_t)j & 3u;
-  const uint32_t kvb = sbase + L.kv + st * TILE;
-  const uint32_t pblk = DR ? kvb + 8u * W_SB_BYTES : sbase + L.p + st * W_PB_BYTES;
-  mbar_wait(pready_b + 8u * st, (uint32_t)(j >> 2) & 1u);
-  W11_PHASE(1);
-  fence_proxy_async();
-  w13_take_m((float *)(smem + L.xm) + st * 128u, r0, O, m_run, l_run, m_top);
-  w13_pv_ss(O, pblk, kvb, wg);
-  wg_wait<0>();
-  w11_pin_o(O);
-  if (lane == 0) mbar_arrive(empty_b + 8u * st);
-  W11_PHASE(6);
-}
-
-/* One compute warpgroup's 32-row tiles (the count as thread 0 stored it at L.mask before
- * the block's first barrier: carried in a register across setmaxnreg, ptxas spilled it),
- * after Q has landed; the results as w11_loop leaves them. */
-template <int DR>
-__device__ __forceinline__ void w13_loop(const smla_cuda_fwd_args &a, uint8_t *smem,
-                                         uint32_t sbase, const w_layout &L, int wg,
-                                         float O[2][64], float m_run[2], float l_run[2],
-                                         float m_top[2] W11_PROBE_ARGS) {
-#if SMLA_PROBE
-  unsigned long long plast = probe_now();
-#endif
-  const int ntiles = *(volatile const int *)(smem + L.mask);
-  uint32_t q_s = sbase + L.q;
-  float s[16];
-  uint32_t pa[8];
-#pragma unroll
-  for (int i = 0; i < 8; i++) pa[i] = 0u;
-  mbar_wait(sbase + L.bar + 24u * W_NST, 0u); /* qfull: Q landed */
-  if (wg == 0)
-    w13_pair<DR, false>(a, smem, sbase, L, wg, 0, O, m_run, l_run, m_top, s, pa, q_s W11_STEP_PROBE);
-  int j = wg == 0 ? 2 : 1;
-#pragma unroll 1
-  for (; j < ntiles; j += 2) /* the other's j - 1, own j */
-    w13_pair<DR, true>(a, smem, sbase, L, wg, j, O, m_run, l_run, m_top, s, pa, q_s W11_STEP_PROBE);
-  if (j == ntiles) w13_last<DR>(smem, sbase, L, wg, j - 1, O, m_run, l_run, m_top W11_STEP_PROBE);
-  wg_wait<0>();
-  w11_pin_o(O);
-}
-
-/* A gather warp's copies of its 16 rows (16 h.. of the tile, h = 0 or 1) of a 32-row tile
- * into the stage at base; as w_gather_rows. */
-template <int KB>
-__device__ __forceinline__ void w13_gather_rows(const smla_cuda_fwd_args &a, uint32_t base,
-                                                int h, int rl, int cl, int32_t sc, int u_mine) {
-#pragma unroll 1
-  for (int rg = 0; rg < 4; rg++) {
-    const int rr = 4 * rg + rl, row = 16 * h + rr;
-    const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
-    const int u = __shfl_sync(0xffffffffu, u_mine, rr);
-    const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
-#pragma unroll
-    for (int cb = 0; cb < KB; cb++)
-      cp_async_16(base + w_chunk_st(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
-  }
-}
-#endif /* SMLA_FWD90_ROWS32 */
 
 /* A gather warp's copies of its 16 rows of a tile (KB column blocks) into the stage at
  * base: 4 rows an instruction, lane (rl, cl) chunk cl of row 4 rg + rl; the slot sc and
@@ -748,8 +449,8 @@ template <int DR>
 __global__ void __launch_bounds__(W_BLOCK, 1)
     fwd90_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
   constexpr int BN = FWD_BN;
-  constexpr int KB = (512 + DR) / 64; /* column blocks per row stack */
-  constexpr uint32_t TILE = KB * W_SB_BYTES;
+  constexpr int KB = (512 + DR) / 64; /* 8 KB column blocks per row stack */
+  constexpr uint32_t TILE = KB * W_KB_BYTES;
   const float NEG_INF = -INFINITY;
 
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -767,6 +468,9 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   const int g = lane >> 2, tig = lane & 3;
   const int r0 = 16 * wq + g; /* this thread's rows: r0 and r0 + 8 */
 
+  /* A programmatic dependent (a.pdl) may be launched while the stream's previous kernel
+   * still runs: nothing global is touched before it has completed (SMLA_FWD90_PDL). */
+  if (a.pdl) griddep_wait();
   const fwd_block blk = fwd_block_of(a);
   const int64_t t = blk.t;
   const int grp = blk.grp, split = blk.split, ks = blk.ks, kend = blk.kend;
@@ -780,23 +484,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   PROBE_STAMP(0);
   /* Everything of the compute warps (O included) lives inside their branch: code after
    * the join runs at the gather warpgroup's register count. */
-  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 8u * W_NST;
-#if SMLA_FWD90_ROWS32
-  /* 32-row tiles: the tile count, and tile j gathered by warps 2 (j % 2), 2 (j % 2) + 1. */
-  const int ntiles32 = blk.kend > blk.ks ? (blk.kend - blk.ks + 31) / 32 : 0;
-  if (tid == 0) {
-    /* full: the 64 copying threads and 2 arrivals of the two warps (their mask bits);
-     * empty: the 8 compute warps; pready: the 128 threads of the tile's warpgroup; qfull:
-     * the 128 gather threads' Q copies. */
-    for (uint32_t k = 0; k < W_NST; k++) {
-      mbar_init(full_b + 8u * k, 66);
-      mbar_init(empty_b + 8u * k, 8);
-      mbar_init(full_b + 16u * W_NST + 8u * k, 128);
-    }
-    mbar_init(full_b + 24u * W_NST, 128);
-    *(int *)(smem + L.mask) = ntiles32;
-  }
-#else
+  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u;
   if (tid == 0) {
     /* full: the 128 gather threads' copies and one arrival a gather warp (its mask bits);
      * empty: the 8 compute warps; pready: the 128 threads of the tile's warpgroup. */
@@ -804,7 +492,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);
     mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128);
   }
-#endif
   __syncthreads();
   if (tid >= W_THREADS) {
     /* The gather warpgroup. Warp pw gathers rows 16 pw..16 pw + 15 of each tile (and
@@ -825,31 +512,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
           cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, t, head, 8 * cb + cl),
                       head < a.num_heads ? 16 : 0);
       }
-#if SMLA_FWD90_ROWS32
-      mbar_arrive_cp_async_noinc(full_b + 24u * W_NST); /* qfull: this thread's Q copies */
-      const int half = pw >> 1; /* this warp's tiles: 2 i + half, rows 16 (pw % 2).. */
-#pragma unroll 1
-      for (int i = 0;; i++) {
-        const int j = 2 * i + half;
-        if (j >= ntiles32) break;
-        const uint32_t st = (uint32_t)j & 3u;
-        if (j >= 4) mbar_wait(empty_b + 8u * st, (uint32_t)((j >> 2) - 1) & 1u);
-        const int32_t sc = slot_pipe_next(spipe, a, req, slot_row, ks, kend, i, my_row);
-        unsigned nb = 0;
-        const int u_mine = entry_used(a, sc, ks + i * BN + my_row, kend, 0, &nb);
-        bad += lane < 16 ? nb : 0u;
-        {
-          const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & 0xffffu;
-          if (lane == 0) {
-            *(volatile uint16_t *)(smem + L.mask + 64u + 4u * st + 2u * (uint32_t)(pw & 1)) =
-                (uint16_t)bits;
-            mbar_arrive(full_b + 8u * st);
-          }
-        }
-        w13_gather_rows<KB>(a, kv_s + st * TILE, pw & 1, rl, cl, sc, u_mine);
-        mbar_arrive_cp_async_noinc(full_b + 8u * st);
-      }
-#else
 #pragma unroll 1
       for (int j = 0; j < ntiles; j++) {
         const uint32_t st = (uint32_t)(j & 1);
@@ -871,7 +533,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         /* This thread's arrival, once its copies have landed. */
         mbar_arrive_cp_async_noinc(full_b + 8u * st);
       }
-#endif
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
@@ -888,11 +549,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f}, m_top[2] = {NEG_INF, NEG_INF};
 
   if (ntiles > 0) {
-#if SMLA_FWD90_ROWS32 && SMLA_PROBE
-    w13_loop<DR>(a, smem, sbase, L, wg, O, m_run, l_run, m_top, probe_t_);
-#elif SMLA_FWD90_ROWS32
-    w13_loop<DR>(a, smem, sbase, L, wg, O, m_run, l_run, m_top);
-#elif SMLA_PROBE
+#if SMLA_PROBE
     w11_loop<DR>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top, probe_t_);
 #else
     w11_loop<DR>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top);
@@ -1041,8 +698,10 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
  * rows at 4.2 TB/s over 132 SMs), and v11's gather warpgroup, two stages of 64 rows. Q
  * is [kb][HG rows][128 B], 128-byte swizzle. No in-kernel split merge: the plan merges
  * this kernel's splits with the combine kernel. */
+/* SMLA_FWD90_SMALL (session 16; default 1): the plan takes this kernel for N <= 32 on sm_90
+ * devices; 0 leaves N <= 32 to the generic kernel (the A/B against it). */
 #ifndef SMLA_FWD90_SMALL
-#define SMLA_FWD90_SMALL 0
+#define SMLA_FWD90_SMALL 1
 #endif
 #if SMLA_FWD90_SMALL
 
@@ -1086,6 +745,7 @@ __global__ void __launch_bounds__(256, 1)
   const int wq = (tid >> 5) & 3, g = lane >> 2, tig = lane & 3;
   const int r0 = 16 * wq + g; /* this thread's entries of a tile: r0 and r0 + 8 */
 
+  if (a.pdl) griddep_wait(); /* as the 64-head kernel */
   const fwd_block blk = fwd_block_of(a);
   const int64_t t = blk.t;
   const int grp = blk.grp, split = blk.split, ks = blk.ks, kend = blk.kend;
@@ -1334,7 +994,7 @@ extern "C" int smla_cuda_fwd90_small_heads(int num_heads) {
 /* The tile loop a plan with hb heads a block runs (smla_plan_describe). */
 extern "C" const char *smla_cuda_fwd90_variant(int hb) {
   if (hb < 64) return "swap-AB small-head tiles (heads on the wgmma N axis)";
-  return SMLA_FWD90_ROWS32 ? "tile loop v13 (32-row tiles, S ahead)" : "tile loop v11 (relay)";
+  return "tile loop v11 (relay)";
 }
 
 extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr, int hb) {
@@ -1361,20 +1021,30 @@ extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int hb, int max_smem) {
                               max_smem);
 }
 
-/* A launch configuration of the forward: clusters of `cluster` blocks (1: none). */
+/* A launch configuration of the forward: clusters of `cluster` blocks (1: none), a
+ * programmatic dependent when pdl. attr: room for 2 attributes. */
 static cudaLaunchConfig_t w_config(unsigned blocks, unsigned threads, uint32_t smem, int cluster,
-                                   void *stream, cudaLaunchAttribute *attr) {
+                                   int pdl, void *stream, cudaLaunchAttribute *attr) {
   cudaLaunchConfig_t c = {};
   c.gridDim = dim3(blocks, 1, 1);
   c.blockDim = dim3(threads, 1, 1);
   c.dynamicSmemBytes = smem;
   c.stream = (cudaStream_t)stream;
-  attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = (unsigned)cluster;
-  attr->val.clusterDim.y = 1;
-  attr->val.clusterDim.z = 1;
+  unsigned n = 0;
+  if (cluster > 1) { /* no cluster attribute on a plain launch */
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = (unsigned)cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    n++;
+  }
+  if (pdl && SMLA_FWD90_PDL) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    n++;
+  }
   c.attrs = attr;
-  c.numAttrs = cluster > 1 ? 1 : 0; /* no cluster attribute on a plain launch */
+  c.numAttrs = n;
   return c;
 }
 
@@ -1384,9 +1054,9 @@ extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int hb, int spli
                                                         int *clusters) {
   *clusters = 0;
   if (splits < 2 || splits > 8 || hb < 64) return cudaSuccess;
-  cudaLaunchAttribute attr;
+  cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t c = w_config((unsigned)splits, W_BLOCK, smla_cuda_fwd90_smem_bytes(dr, hb),
-                                  splits, NULL, &attr);
+                                  splits, 0, NULL, attr);
   return cudaOccupancyMaxActiveClusters(clusters, w_kernel(dr, hb), &c);
 }
 
@@ -1399,10 +1069,10 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fw
                            a->cluster_merge != a->num_splits))
     return cudaErrorInvalidValue;
   if (hb < 64 && smla_cuda_fwd90_small_heads(a->num_heads) != hb) return cudaErrorInvalidValue;
-  cudaLaunchAttribute attr;
+  cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t c = w_config((unsigned)blocks, hb < 64 ? 256u : (unsigned)W_BLOCK,
                                   smla_cuda_fwd90_smem_bytes(dr, hb),
-                                  a->cluster_merge ? a->num_splits : 1, stream, &attr);
+                                  a->cluster_merge ? a->num_splits : 1, a->pdl, stream, attr);
   void *args[1] = {(void *)a};
   return cudaLaunchKernelExC(&c, w_kernel(dr, hb), args);
 }

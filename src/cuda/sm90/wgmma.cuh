@@ -18,14 +18,6 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32
          ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
 }
 
-/* The same descriptor in the 64-byte swizzle (layout type 2): K-major operands whose rows
- * are 64 bytes (32 bf16), sbo = 512 (8 rows of 64 bytes); chunk c of row r at c ^ ((r / 2)
- * % 4). v13's P block of a 32-row tile (64 heads x 32 entries). */
-__device__ __forceinline__ uint64_t wg_desc_sw64(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
-         ((uint64_t)(sbo >> 4) << 32) | (2ull << 62);
-}
-
 /* wgmma.fence.sync.aligned: orders register accesses before the next wgmma.mma_async. */
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
@@ -83,7 +75,7 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float d[32], uint64_t da, uin
 }
 
 /* wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 for N = 8, 16, 32: d[64xN] +=
- * A[64x16] B[16xN], both in shared memory, B K-major; A K-major (TA = 0: Q in v13's and
+ * A[64x16] B[16xN], both in shared memory, B K-major; A K-major (TA = 0: Q in
  * bench/wgmma_s.cu's 32-row S, K rows in the small-head kernel's S^T = K Q^T) or MN-major
  * (TA = 1, imm-trans-a: V^T in the small-head kernel's O^T += V^T P^T, read from the rows
  * of V). d: N / 2 floats a thread. */
@@ -127,10 +119,9 @@ __device__ __forceinline__ void wgmma_m64nNk16_ss(float *d, uint64_t da, uint64_
 }
 
 /* S = Q K^T issued as one commit group: s (N / 2 floats a thread) zeroed, then KB x 4
- * wgmma m64nNk16 (N = 64 or 32 rows of K), Q and K both [kb][rows][128 B] stacks in the
- * 128-byte swizzle, Q's blocks 8 KB apart, K's KS bytes apart (8 KB: a 64-row stack, k_s
- * its first row used; 4 KB: v13's 32-row stage). The caller waits. */
-template <int N, int KB, uint32_t KS = 8192u>
+ * wgmma m64nNk16 (N = 64 or 32 rows of K), Q and K both [kb][rows][128 B] stacks of 8 KB
+ * blocks in the 128-byte swizzle (k_s: the stack's first row used). The caller waits. */
+template <int N, int KB>
 __device__ __forceinline__ void wg_s_issue(float *s, uint32_t q_s, uint32_t k_s) {
   static_assert(N == 64 || N == 32, "S tiles of 64 or 32 rows");
 #pragma unroll
@@ -143,7 +134,7 @@ __device__ __forceinline__ void wg_s_issue(float *s, uint32_t q_s, uint32_t k_s)
 #pragma unroll
     for (int k4 = 0; k4 < 4; k4++) {
       const uint64_t da = wg_desc(q_s + kb * 8192u + k4 * 32, 16, 1024);
-      const uint64_t db = wg_desc(k_s + kb * KS + k4 * 32, 16, 1024);
+      const uint64_t db = wg_desc(k_s + kb * 8192u + k4 * 32, 16, 1024);
       if (N == 64) wgmma_m64n64k16_ss(s, da, db);
       else wgmma_m64n32k16_ss(s, da, db);
     }
