@@ -310,8 +310,9 @@ static void wide(t_case *tc, int64_t T, int N, int K, int dr, float softcap, int
 /* Logits 100x the default spread (sm_scale 600 / sqrt(Dqk): a row's logits span a few
  * hundred), so that a row's running max keeps rising by more than the sm90 kernel's lazy
  * rescale lets its reference lag (W_TAU = 8 ln 2) after tile 0: each rise must rescale O,
- * and a reference left to lag by ~88 or more overflows P. Unsplit (33 tiles) or 5 splits of
- * 5-6 tiles, both checked against the CPU. */
+ * and a reference left to lag by ~88 or more overflows P (at N = 16, the small-head kernel,
+ * which rescales at every rise). Unsplit (33 tiles) or 5 splits of 5-6 tiles, both checked
+ * against the CPU. */
 static void steep(t_case *tc, int N, int K, int splits) {
   fwd_problem pb;
   fwd_defaults(&pb, 3, N, K, 64, SMLA_CACHE_BF16);
@@ -323,6 +324,7 @@ static void steep(t_case *tc, int N, int K, int splits) {
 }
 static void c_wide_n64_steep(t_case *tc) { steep(tc, 64, 2100, 1); }
 static void c_wide_n128_steep_splits(t_case *tc) { steep(tc, 128, 1700, 5); }
+static void c_wide_n16_steep(t_case *tc) { steep(tc, 16, 2100, 1); }
 
 static void c_wide_n128(t_case *tc) { wide(tc, 5, 128, 2051, 64, 0.0f, 0, 0); }
 static void c_wide_n64_dr0(t_case *tc) { wide(tc, 4, 64, 700, 0, 0.0f, 1, 0); }
@@ -333,7 +335,7 @@ static void c_wide_n48_k1(t_case *tc) { wide(tc, 3, 48, 1, 64, 0.0f, 0, 0); }
  * refilled (v11's shortest exchange both ways). */
 static void c_wide_n64_two_tiles(t_case *tc) { wide(tc, 2, 64, 128, 64, 0.0f, 0, 1); }
 /* One split of 33 tiles (34 with Dr 0): on an sm90 device the wgmma kernel's tile loop
- * (v11, the relay, or v13's 32-row tiles where built) over a long split with an odd tile
+ * (v11, the relay; at N <= 16 the small-head kernel's) over a long split with an odd tile
  * count, an empty row and a random length each. The case checks that the plan's describe names that loop, so that a plan
  * that fell back to another kernel cannot pass for it. */
 static void unsplit(t_case *tc, int N, int K, int dr, float softcap, int sink) {
@@ -345,15 +347,16 @@ static void unsplit(t_case *tc, int N, int K, int dr, float softcap, int sink) {
     if (!plan) continue;
     const char *desc = smla_plan_describe(plan);
     if (strncmp(desc, "cuda-sm90", 9) == 0) {
-      t_expect(tc, strstr(desc, ", tile loop v11 (relay)") != NULL ||
-                       strstr(desc, ", tile loop v13 (32-row tiles, S ahead)") != NULL,
-               "K = %d (%d tiles, one split): the plan should name its tile loop (v11, or "
-               "v13 where built with SMLA_FWD90_ROWS32): %s", K, (K + 63) / 64, desc);
+      const char *loop = N > 32 ? ", tile loop v11 (relay)" : ", swap-AB small-head tiles";
+      t_expect(tc, strstr(desc, loop) != NULL,
+               "K = %d (%d tiles, one split): the plan should name its tile loop (\"%s\"): %s",
+               K, (K + 63) / 64, loop + 2, desc);
     }
     smla_plan_destroy(plan);
   }
 }
 static void c_wide_n128_unsplit(t_case *tc) { unsplit(tc, 128, 2051, 64, 0.0f, 1); }
+static void c_wide_n8_dr0_unsplit(t_case *tc) { unsplit(tc, 8, 2150, 0, 5.0f, 0); }
 static void c_wide_n64_dr0_unsplit(t_case *tc) { unsplit(tc, 64, 2150, 0, 5.0f, 0); }
 
 /* The sm90 kernel's two merges: forced 2, 3, 4, 6, 7 and 8 splits merge inside the kernel
@@ -627,6 +630,7 @@ void t_register_forward_more_cases(void) {
   t_register("forward_num_splits_1_3_7", c_num_splits);
   t_register("forward_wide_n128_k2051", c_wide_n128);
   t_register("forward_wide_n128_unsplit", c_wide_n128_unsplit);
+  t_register("forward_wide_n8_dr0_unsplit", c_wide_n8_dr0_unsplit);
   t_register("forward_wide_n64_dr0_unsplit", c_wide_n64_dr0_unsplit);
   t_register("forward_wide_n64_dr0_sink", c_wide_n64_dr0);
   t_register("forward_wide_n100_softcap_sink", c_wide_n100_softcap);
@@ -635,6 +639,7 @@ void t_register_forward_more_cases(void) {
   t_register("forward_wide_n64_two_tiles", c_wide_n64_two_tiles);
   t_register("forward_wide_n64_steep", c_wide_n64_steep);
   t_register("forward_wide_n128_steep_splits", c_wide_n128_steep_splits);
+  t_register("forward_wide_n16_steep", c_wide_n16_steep);
   t_register("forward_wide_n128_merges", c_wide_n128_merges);
   t_register("forward_generic_merges_n16", c_generic_merges_n16);
   t_register("forward_many_splits", c_many_splits);

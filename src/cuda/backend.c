@@ -546,9 +546,9 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   const char *fn = "smla_plan_create";
 
   /* The sm_90a wgmma kernel where it applies: an sm_90 device (H100/H200), a BF16 cache
-   * and N > 32 (64-head tiles), or N <= 32 where the build has the small-head kernel
-   * (SMLA_FWD90_SMALL: 8, 16 or 32 heads on the wgmma N axis; without it the generic
-   * 16/32-head blocks take N <= 32), unless the caller asks for the portable kernels. */
+   * and N > 32 (64-head tiles), or the N the build gives the small-head kernel (8 or 16
+   * heads on the wgmma N axis: N <= 16 by default, SMLA_FWD90_SMALL), unless the caller
+   * asks for the portable kernels; the generic 16/32-head blocks take the other N <= 32. */
   const int hb90 = d->num_heads > 32 ? 64 : smla_cuda_fwd90_small_heads(d->num_heads);
   const uint32_t smem90 = hb90 ? smla_cuda_fwd90_smem_bytes(d->dr, hb90) : 0;
   const int sm90 = st->cc_major == 9 && st->cc_minor == 0 && d->format == SMLA_CACHE_BF16 &&
@@ -608,7 +608,8 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   s = device_enter(ctx, fn, &prev);
   if (s != SMLA_OK) return s;
   if (!sm90) (void)kernel_caps(&c, 1, &pdl);
-  else pdl = 1; /* sm_90a code: griddepcontrol is in both sm90 kernels */
+  else pdl = c.hb < 64; /* the small-head kernel; the 64-head one measured slower at N =
+                          128 T = 1 as a dependent (forward_wgmma.cu, SMLA_FWD90_PDL) */
   plan->forward_pdl = pdl && st->cc_major >= 9;
   for (int k = 2; k <= 8 && !(d->flags & SMLA_PLAN_SEPARATE_MERGE); k++) {
     const int n = kernel_caps(&c, k, &pdl);

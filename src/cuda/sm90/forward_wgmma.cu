@@ -53,10 +53,11 @@
 #define W_OST_STRIDE 520
 
 
-/* SMLA_FWD90_PDL (session 16; default 1): both sm90 kernels are launched as programmatic
+/* SMLA_FWD90_PDL (session 16; default 1): the sm90 kernels are launched as programmatic
  * dependents of the stream's previous kernel where the plan asks (a.pdl), as the generic
- * kernel is: the launch and the block's setup run under that kernel's tail. 0 launches
- * them plainly (the A/B against session 15's behaviour). */
+ * kernel is; 0 launches them plainly. The plan asks for the small-head kernel only: with
+ * PDL, T = 1 took 0.4-0.6 us less there, but at N = 128 the 64-head kernel took 2 us more
+ * (17.5 -> 19.5 us; N = 64: 16.0 -> 15.3), bench/RESULTS.md session 16 call 2. */
 #ifndef SMLA_FWD90_PDL
 #define SMLA_FWD90_PDL 1
 #endif
@@ -698,8 +699,12 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
  * rows at 4.2 TB/s over 132 SMs), and v11's gather warpgroup, two stages of 64 rows. Q
  * is [kb][HG rows][128 B], 128-byte swizzle. No in-kernel split merge: the plan merges
  * this kernel's splits with the combine kernel. */
-/* SMLA_FWD90_SMALL (session 16; default 1): the plan takes this kernel for N <= 32 on sm_90
- * devices; 0 leaves N <= 32 to the generic kernel (the A/B against it). */
+/* SMLA_FWD90_SMALL (session 16): which N the plan gives this kernel on sm_90 devices. 1
+ * (default): N <= 16; 2: N <= 32; 0: none (the generic kernel takes N <= 32). Measured
+ * against the generic kernel (H100, bench/RESULTS.md session 16 call 2, amortized): N = 8
+ * 6-7% faster at T = 1, 16, 64, 1024; N = 16 2-6% faster from T = 16 on, 0.2-0.4 us slower
+ * at T = 1; N = 32 11% faster at T = 1024 but 1.4 us (12%) slower at T = 1 and 6% at T =
+ * 4, so N = 17..32 waits for a per-T choice of kernel. */
 #ifndef SMLA_FWD90_SMALL
 #define SMLA_FWD90_SMALL 1
 #endif
@@ -984,7 +989,7 @@ PROBE_DEFINE_DUMP(smla_probe_dump_fwd90)
 /* Heads a block of the small-head kernel for N (0: N > 32, or the kernel is not built). */
 extern "C" int smla_cuda_fwd90_small_heads(int num_heads) {
 #if SMLA_FWD90_SMALL
-  return num_heads <= 8 ? 8 : num_heads <= 16 ? 16 : num_heads <= 32 ? 32 : 0;
+  return num_heads <= 8 ? 8 : num_heads <= 16 ? 16 : num_heads <= 32 && SMLA_FWD90_SMALL >= 2 ? 32 : 0;
 #else
   (void)num_heads;
   return 0;
