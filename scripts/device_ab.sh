@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # device_ab.sh: one GPU call for one or two kernel experiments switched on at build time.
-#   AB_FLAGS="-DSMLA_FWD_BLOCK32=1" [AB2_FLAGS="-DSMLA_FWD_BLOCK32=1 -DSMLA_PROBE=1"] \
+#   AB_FLAGS="-DSMLA_FWD90_SMALL=2" [AB2_FLAGS="-DSMLA_FWD90_SMALL=2 -DSMLA_PROBE=1"] \
 #     bash scripts/device_ab.sh
 # Builds the default tree (build/) and each experiment (build-ab/, build-ab2/) side by
 # side, runs the whole test driver on each experiment (and on the default when
@@ -17,7 +17,7 @@ L=$(mktemp -d)
 trap 'tar czf "$O/ab.tgz" -C "$L" . 2>/dev/null' EXIT
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-: "${AB_FLAGS:?set AB_FLAGS, e.g. -DSMLA_FWD_BLOCK32=1}"
+: "${AB_FLAGS:?set AB_FLAGS, e.g. -DSMLA_FWD90_SMALL=2}"
 builds="build build-ab"
 [ -n "${AB2_FLAGS:-}" ] && builds="$builds build-ab2"
 flags_of() { case $1 in build) echo "";; build-ab) echo "$AB_FLAGS";; build-ab2) echo "$AB2_FLAGS";; esac; }

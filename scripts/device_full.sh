@@ -151,7 +151,7 @@ if has dcp && [ -x build/dcp_nccl ]; then
 elif has dcp; then
   stamp "dcp_nccl: not built (no NCCL found)"; fail=1
 fi
-# A/B of a kernel experiment switched on at build time (AB_FLAGS="-DSMLA_FWD_BLOCK32=1"): its
+# A/B of a kernel experiment switched on at build time (AB_FLAGS="-DSMLA_FWD90_SMALL=2"): its
 # own build, the whole test driver (a failure fails the run), then the decode shapes side
 # by side with the default build's.
 if has ab && [ -n "${AB_FLAGS:-}" ]; then
