@@ -446,12 +446,47 @@ __device__ __forceinline__ void w_gather_rows(const smla_cuda_fwd_args &a, uint3
   }
 }
 
+/* The gather warpgroup's tile loop (both sm90 kernels): warp pw copies rows 16 pw.. of tile j
+ * into stage j % 2 (kv_s + (j % 2) * KB * 8 KB) once both stages' readers have released it
+ * (empty, 16 bytes after full), after publishing its 16 used-entry bits of the tile in the
+ * stage's word at mask_p (one arrival a warp on full), then arrives on full once its own
+ * copies have landed. Returns this thread's bad-slot count (lanes < 16: each row once). */
+template <int KB>
+__device__ __forceinline__ unsigned w_gather_tiles(const smla_cuda_fwd_args &a, uint8_t *mask_p,
+                                                   uint32_t kv_s, uint32_t full_b,
+                                                   slot_pipe &spipe, int32_t req,
+                                                   const int32_t *slot_row, int ks, int kend,
+                                                   int ntiles, int pw, int rl, int cl,
+                                                   int my_row) {
+  const uint32_t empty_b = full_b + 16u;
+  const int lane = threadIdx.x & 31;
+  unsigned bad = 0;
+#pragma unroll 1
+  for (int j = 0; j < ntiles; j++) {
+    const uint32_t st = (uint32_t)(j & 1);
+    if (j >= 2) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
+    const int32_t sc = slot_pipe_next(spipe, a, req, slot_row, ks, kend, j, my_row);
+    unsigned nb = 0;
+    const int u_mine = entry_used(a, sc, ks + j * FWD_BN + my_row, kend, 0, &nb);
+    bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
+    { /* bits 16 pw..16 pw + 15 of the stage's used-entry word */
+      const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & 0xffffu;
+      if (lane == 0) {
+        *(volatile uint16_t *)(mask_p + 8u * st + 2u * (uint32_t)pw) = (uint16_t)bits;
+        mbar_arrive(full_b + 8u * st);
+      }
+    }
+    w_gather_rows<KB>(a, kv_s + st * (uint32_t)(KB * W_KB_BYTES), pw, rl, cl, sc, u_mine);
+    /* This thread's arrival, once its copies have landed. */
+    mbar_arrive_cp_async_noinc(full_b + 8u * st);
+  }
+  return bad;
+}
+
 template <int DR>
 __global__ void __launch_bounds__(W_BLOCK, 1)
     fwd90_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
-  constexpr int BN = FWD_BN;
   constexpr int KB = (512 + DR) / 64; /* 8 KB column blocks per row stack */
-  constexpr uint32_t TILE = KB * W_KB_BYTES;
   const float NEG_INF = -INFINITY;
 
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -513,27 +548,8 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
           cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, t, head, 8 * cb + cl),
                       head < a.num_heads ? 16 : 0);
       }
-#pragma unroll 1
-      for (int j = 0; j < ntiles; j++) {
-        const uint32_t st = (uint32_t)(j & 1);
-        if (j >= 2) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
-        const int32_t sc = slot_pipe_next(spipe, a, req, slot_row, ks, kend, j, my_row);
-        unsigned nb = 0;
-        const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
-        bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
-        { /* bits 16 pw..16 pw + 15 of the stage's used-entry word */
-          const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & 0xffffu;
-          if (lane == 0) {
-            *(volatile uint16_t *)(smem + L.mask + 64u + 8u * st + 2u * (uint32_t)pw) =
-                (uint16_t)bits;
-            mbar_arrive(full_b + 8u * st);
-          }
-        }
-        const uint32_t base = kv_s + st * TILE;
-        w_gather_rows<KB>(a, base, pw, rl, cl, sc, u_mine);
-        /* This thread's arrival, once its copies have landed. */
-        mbar_arrive_cp_async_noinc(full_b + 8u * st);
-      }
+      bad = w_gather_tiles<KB>(a, smem + L.mask + 64u, kv_s, full_b, spipe, req, slot_row, ks,
+                               kend, ntiles, pw, rl, cl, my_row);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
@@ -731,7 +747,6 @@ static_assert(ws_layout_of(64, 32).total + 1024u <= 232448u, "small-head layout"
 template <int DR, int HG>
 __global__ void __launch_bounds__(256, 1)
     fwd90s_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
-  constexpr int BN = FWD_BN;
   constexpr int KB = (512 + DR) / 64;
   constexpr uint32_t TILE = KB * W_KB_BYTES;
   constexpr uint32_t QB = HG * 128; /* a Q block: [HG rows][128 B] */
@@ -784,26 +799,8 @@ __global__ void __launch_bounds__(256, 1)
                       q_chunk_src(a, t, head, c), head < a.num_heads ? 16 : 0);
         }
       }
-#pragma unroll 1
-      for (int j = 0; j < ntiles; j++) {
-        const uint32_t st = (uint32_t)(j & 1);
-        if (j >= 2) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
-        const int32_t sc =
-            slot_pipe_next(spipe, a, blk.req, blk.slot_row, ks, kend, j, my_row);
-        unsigned nb = 0;
-        const int u_mine = entry_used(a, sc, ks + j * BN + my_row, kend, 0, &nb);
-        bad += lane < 16 ? nb : 0u;
-        {
-          const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & 0xffffu;
-          if (lane == 0) {
-            *(volatile uint16_t *)(smem + L.mask + 64u + 8u * st + 2u * (uint32_t)pw) =
-                (uint16_t)bits;
-            mbar_arrive(full_b + 8u * st);
-          }
-        }
-        w_gather_rows<KB>(a, kv_s + st * TILE, pw, rl, cl, sc, u_mine);
-        mbar_arrive_cp_async_noinc(full_b + 8u * st);
-      }
+      bad = w_gather_tiles<KB>(a, smem + L.mask + 64u, kv_s, full_b, spipe, blk.req,
+                               blk.slot_row, ks, kend, ntiles, pw, rl, cl, my_row);
     }
   } else {
 #define WS_SYNC() named_bar_sync(1, 128)
