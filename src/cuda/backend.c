@@ -293,7 +293,7 @@ static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 2.4, 0.0, 4.7}; /* by mtiles
  * With 2.0 or 3.8 the model picks the same splits for N = 64 and 128, K = 2048, every
  * T = 1..1024 (checked on the host, 2026-12-03); refit when the kernel changes. */
 #define SM90_TILE_COMPUTE_US 3.8
-/* The small-head sm_90a kernel (N <= 32, built with SMLA_FWD90_SMALL): bound by its rows,
+/* The small-head sm_90a kernel (N <= 16 by default, SMLA_FWD90_SMALL): bound by its rows,
  * like the generic 16-head block (TILE_COMPUTE_US[1]); not yet fitted. */
 #define SM90_SMALL_TILE_US 1.0
 #define KERNEL_SM90 16             /* plan->kernel: the wgmma kernel (else the generic pipe) */

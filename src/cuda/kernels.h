@@ -169,7 +169,7 @@ typedef struct smla_cuda_fwd_args {
   int pdl;                     /* launched as a programmatic dependent of the stream's
                                   previous kernel (waits for it before its first global
                                   access; generic: needs sm_90 code, smla_cuda_fwd_caps;
-                                  sm90: both kernels, since session 16) */
+                                  sm90: the plan asks it for the small-head kernel only) */
   unsigned long long *bad_inputs; /* may be NULL */
   /* smla_forward_indices: conv.req_id != NULL; then slots / slots_stride are the request-
    * local positions (conv.local), each converted by convert_one as read (conv.slots,
@@ -256,11 +256,10 @@ cudaError_t smla_cuda_fwd_launch_ds(const smla_cuda_fwd_config *c,
                                     const smla_cuda_fwd_args *a, void *stream);
 
 /* The sm_90a wgmma forward (src/cuda/sm90/forward_wgmma.cu): BF16 cache, hb = 64 heads per
- * block (v11, or v13 where built with SMLA_FWD90_ROWS32) or, where built with
- * SMLA_FWD90_SMALL, hb = 8, 16 or 32 (the small-head kernel, for N <= 32:
- * smla_cuda_fwd90_small_heads); the same args, grid (T * groups * num_splits blocks) and
- * partial states as the generic kernel. Machine code for sm_90a only: launch it on sm_90
- * devices. */
+ * block (v11) or hb = 8 or 16 (the small-head kernel; 32 too where built with
+ * SMLA_FWD90_SMALL=2: smla_cuda_fwd90_small_heads says which for N); the same args, grid (T
+ * * groups * num_splits blocks) and partial states as the generic kernel. Machine code for
+ * sm_90a only: launch it on sm_90 devices. */
 int smla_cuda_fwd90_small_heads(int num_heads); /* 0: none for this N in this build */
 const char *smla_cuda_fwd90_variant(int hb);
 uint32_t smla_cuda_fwd90_smem_bytes(int dr, int hb);

@@ -448,6 +448,41 @@ __device__ __forceinline__ void w_gather_rows(const smla_cuda_fwd_args &a, uint3
   }
 }
 
+/* The epilogue's last step, both sm90 kernels: rows first, first + step, .. < n of the
+ * staged output (ost, W_OST_STRIDE floats a row) to the row dst_s[row] points at, one warp
+ * a row: bf16 final rows (one split, 16 bytes a lane) or fp32 partial rows; NULL (a head
+ * past N, or l == 0 for a partial: a -inf partial is never read) is skipped. */
+__device__ __forceinline__ void w_store_rows(const smla_cuda_fwd_args &a, const float *ost,
+                                             void *const *dst_s, int first, int n, int step) {
+  const int lane = threadIdx.x & 31;
+  if (a.num_splits == 1) {
+#pragma unroll 1
+    for (int row = first; row < n; row += step) {
+      uint16_t *dst = (uint16_t *)dst_s[row];
+      if (!dst) continue;
+#pragma unroll
+      for (int i = 0; i < 2; i++) { /* 8 columns a lane, 16 bytes out */
+        const int col = 8 * (lane + 32 * i);
+        const float4 u = *(const float4 *)(ost + row * W_OST_STRIDE + col);
+        const float4 v = *(const float4 *)(ost + row * W_OST_STRIDE + col + 4);
+        *(uint4 *)(dst + col) = make_uint4(pack_bf16x2(u.x, u.y), pack_bf16x2(u.z, u.w),
+                                           pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int row = first; row < n; row += step) {
+      float *dst = (float *)dst_s[row];
+      if (!dst) continue;
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const int col = 4 * (lane + 32 * i);
+        *(float4 *)(dst + col) = *(const float4 *)(ost + row * W_OST_STRIDE + col);
+      }
+    }
+  }
+}
+
 /* The gather warpgroup's tile loop (both sm90 kernels): warp pw copies rows 16 pw.. of tile j
  * into stage j % 2 (kv_s + (j % 2) * KB * 8 KB) once both stages' readers have released it
  * (empty, 16 bytes after full), after publishing its 16 used-entry bits of the tile in the
@@ -668,31 +703,8 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       case 7: w_cluster_sum<7>(a, t, h0, split, ost, tid); break;
       default: w_cluster_sum<8>(a, t, h0, split, ost, tid); break;
       }
-    } else if (a.num_splits == 1) {
-#pragma unroll 1
-      for (int row = warp; row < W_HEADS; row += W_THREADS / 32) {
-        uint16_t *dst = (uint16_t *)dst_s[row];
-        if (!dst) continue;
-#pragma unroll
-        for (int i = 0; i < 2; i++) { /* 8 columns a lane, 16 bytes out */
-          const int col = 8 * (lane + 32 * i);
-          const float4 u = *(const float4 *)(ost + row * W_OST_STRIDE + col);
-          const float4 v = *(const float4 *)(ost + row * W_OST_STRIDE + col + 4);
-          *(uint4 *)(dst + col) = make_uint4(pack_bf16x2(u.x, u.y), pack_bf16x2(u.z, u.w),
-                                             pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
-        }
-      }
     } else {
-#pragma unroll 1
-      for (int row = warp; row < W_HEADS; row += W_THREADS / 32) {
-        float *dst = (float *)dst_s[row];
-        if (!dst) continue; /* l == 0: a -inf partial is never read */
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          const int col = 4 * (lane + 32 * i);
-          *(float4 *)(dst + col) = *(const float4 *)(ost + row * W_OST_STRIDE + col);
-        }
-      }
+      w_store_rows(a, ost, dst_s, warp, W_HEADS, W_THREADS / 32);
     }
   }
   PROBE_STAMP(7);
@@ -703,7 +715,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   fwd_count_bad(a, grp, bad);
 }
 
-/* ---- small heads: swap-AB tiles for N <= 32 (SMLA_FWD90_SMALL; issue 21 item 2) ------------
+/* ---- small heads: swap-AB tiles, N <= 16 (N <= 32 built in; SMLA_FWD90_SMALL) ------------
  * One block per (row t, split), HG = 8, 16 or 32 heads (the fewest that hold N), no matrix
  * work for heads past HG: the heads sit on the wgmma N axis.
  *   S^T[64 entries][HG] = K Q^T    36 wgmma m64nHGk16 (A = the stage's K rows, K-major;
@@ -954,29 +966,7 @@ __global__ void __launch_bounds__(256, 1)
         ost[h * W_OST_STRIDE + 64 * mt + r0 + 8 * (e >> 1)] = O[mt][i] * f[n][e & 1];
       }
     WS_SYNC();
-#pragma unroll 1
-    for (int h = wq; h < HG; h += 4) {
-      if (a.num_splits == 1) {
-        uint16_t *dst = (uint16_t *)dst_s[h];
-        if (!dst) continue;
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-          const int col = 8 * (lane + 32 * i);
-          const float4 u = *(const float4 *)(ost + h * W_OST_STRIDE + col);
-          const float4 v = *(const float4 *)(ost + h * W_OST_STRIDE + col + 4);
-          *(uint4 *)(dst + col) = make_uint4(pack_bf16x2(u.x, u.y), pack_bf16x2(u.z, u.w),
-                                             pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
-        }
-      } else {
-        float *dst = (float *)dst_s[h];
-        if (!dst) continue;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          const int col = 4 * (lane + 32 * i);
-          *(float4 *)(dst + col) = *(const float4 *)(ost + h * W_OST_STRIDE + col);
-        }
-      }
-    }
+    w_store_rows(a, ost, dst_s, wq, HG, 4);
 #undef WS_SYNC
   }
   fwd_count_bad(a, grp, bad);
