@@ -789,9 +789,11 @@ __global__ void __launch_bounds__(256, 1)
   const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u;
   if (tid == 0) {
     /* full: the 128 gather threads' copies and one arrival a gather warp (its mask bits);
-     * empty: the 4 compute warps. */
+     * empty: the 128 compute threads, each for its own reads of the stage's mask word
+     * (racecheck does not order the other lanes' reads before lane 0's arrival, and with
+     * one arrival a warp flagged the mask writes of tile j + 2: session 17 call 1). */
     mbar_init(full_b, 132), mbar_init(full_b + 8u, 132);
-    mbar_init(empty_b, 4), mbar_init(empty_b + 8u, 4);
+    mbar_init(empty_b, 128), mbar_init(empty_b + 8u, 128);
   }
   __syncthreads();
   if (tid >= 128) {
@@ -923,7 +925,7 @@ __global__ void __launch_bounds__(256, 1)
       for (int mt = 0; mt < 8; mt++)
 #pragma unroll
         for (int i = 0; i < HG / 2; i++) wg_pin(O[mt][i]);
-      if (lane == 0) mbar_arrive(empty_b + 8u * st); /* this warp is done with the stage */
+      mbar_arrive(empty_b + 8u * st); /* this thread is done with the stage */
     }
     griddep_launch_dependents();
 
