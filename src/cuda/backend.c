@@ -27,6 +27,8 @@
 typedef struct cuda_state {
   int sm_count;
   int smem_optin;  /* bytes of shared memory one block may opt in to */
+  double mem_bytes_per_us; /* peak memory bandwidth (memory clock x bus width), for the
+                              cost model; 0: the device did not say */
   int cc_major, cc_minor;
   char name[256];
 } cuda_state;
@@ -126,6 +128,14 @@ static smla_status cuda_init(smla_context *ctx) {
     return smla_set_error(ctx, SMLA_ERR_OUT_OF_MEMORY, "smla_context_create: out of host memory");
   st->sm_count = prop.multiProcessorCount;
   st->smem_optin = (int)prop.sharedMemPerBlockOptin;
+  /* Peak bandwidth: memory clock (kHz) x bus width (bits) x 2 (double data rate) / 8. */
+  int mem_khz = 0, bus_bits = 0;
+  if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, ctx->device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, ctx->device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    mem_khz = bus_bits = 0;
+  }
+  st->mem_bytes_per_us = (double)mem_khz * 1e3 * bus_bits * 2.0 / 8.0 * 1e-6;
   st->cc_major = prop.major;
   st->cc_minor = prop.minor;
   snprintf(st->name, sizeof st->name, "%s", prop.name);
@@ -282,37 +292,41 @@ static smla_status cuda_merge(smla_context *ctx, const smla_merge_params *p, voi
 
 /* ---- plan: variant, splits, workspace -------------------------------------------------- */
 
-/* Cost model (microseconds), per 64-entry tile of one block, fitted to H200 timings of
- * this kernel (K = 2048, random slots over 262144 rows, graph replay; 2026-12-02):
- * 64 heads/block: 4.7 us per tile, compute-bound (T=1024 N=128: 2.42 ms); 16 heads/block:
- * 2.8 us per tile whether 1 or 132 blocks run, i.e. one gather round trip per tile
- * (T=1 N=16 unsplit: 94 us for 32 tiles; T=1024 N=16: 725 us = 3.3 TB/s of rows). */
-static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 2.4, 0.0, 4.7}; /* by mtiles */
-/* The sm_90a wgmma kernel's 64-head tile, as measured (3.7-3.9 us: T=1024 N=128 and
- * unsplit T=16 N=128, H200, docs/design/cuda-sm90-forward.md; the napkin math said 2.0).
- * With 2.0 or 3.8 the model picks the same splits for N = 64 and 128, K = 2048, every
- * T = 1..1024 (checked on the host, 2026-12-03); refit when the kernel changes. */
-#define SM90_TILE_COMPUTE_US 3.8
-/* The small-head sm_90a kernel (N <= 16 by default, SMLA_FWD90_SMALL): bound by its rows,
- * like the generic 16-head block (TILE_COMPUTE_US[1]); not yet fitted. */
+/* Cost model (microseconds): a forward of T rows in s splits of tps tiles is
+ *   waves x (tps x tile + BLOCK_FIXED_US) + the merge,
+ * tile = the largest of the kernel's tile time alone on its SM, one gather round trip
+ * (TILE_LATENCY_US), and the active blocks' 64 rows each at GATHER_FRAC of the device's
+ * peak memory bandwidth; the merge: the combine kernel (COMBINE_FIXED_US, the partial rows
+ * written and read at COMBINE_FRAC of peak) or the in-kernel merge. It ranks paths; it does
+ * not predict a launch's fixed cost, which every path of a shape pays alike.
+ * Fitted by scripts/fit_cost_model.py to `smla bench --paths --timing amortized` (H100 SXM,
+ * 3.35 TB/s peak, bench/RESULTS.md session 17 call 2: every split 1..32, in-kernel or
+ * combine merge, both kernels, T = 1..512, N = 8, 16, 32, 64, 128; rms log error 0.18
+ * against 0.41 with the constants before, which were fitted on an H200 to kernels since
+ * replaced). The rates are fractions of the device's peak so that the model moves with
+ * the card; the tile times are the H100's and hold for sm_90 cards alike. */
+static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 3.1, 0.0, 5.1}; /* generic, by mtiles */
+/* The sm_90a kernels' tiles alone: v11's 64-head tile 2.0 us (T = 1, 1 to 32 tiles a
+ * block: 1.8 us a tile from 8 tiles on); the small-head tile is below one gather round
+ * trip (TILE_LATENCY_US sets it). */
+#define SM90_TILE_COMPUTE_US 2.0
 #define SM90_SMALL_TILE_US 1.0
 #define KERNEL_SM90 16             /* plan->kernel: the wgmma kernel (else the generic pipe) */
-#define TILE_LATENCY_US 2.8        /* one gather round trip (one tile in flight per SM) */
-#define GATHER_BYTES_PER_US 3.4e6  /* ~3.4 TB/s for 0.5-1 KB random rows, all SMs busy */
-#define BLOCK_FIXED_US 2.0         /* Q load, first tile's latency, epilogue */
-#define COMBINE_FIXED_US 2.5       /* the combine kernel's launch and one L2 round trip */
-#define COMBINE_BYTES_PER_US 8.0e6 /* partials written once, read once, mostly in L2 */
-#define CLUSTER_MERGE_US 1.5       /* sm90 in-kernel merge: 2 cluster barriers, (S-1)/S of
-                                      O out to L2 and back in (napkin math; refit) */
-/* The generic kernel's in-kernel merge, fitted to H100 timings (bench/RESULTS.md session
- * 11 run 4, N = 16, against the combine launched as a programmatic dependent): one cluster
- * of C a row (2 cluster barriers, O over distributed shared memory) costs what the combine
- * does at T = 1 (8 splits: 18.19 against 18.05 us) and saves 2 us of its 3.5 at T = 64
- * (2 splits: 57.0 against 59.0); R > 1 clusters a row (slices to L2, a release and a
- * count, the last block's L2 round trip) cost ~1 us more than the combine (32 splits,
- * 4 x 8: 11.95 against 11.16 us; 16, 2 x 8: 14.26 against 13.19). */
-#define DSMEM_MERGE_US 1.5
-#define LAST_ARRIVER_US 2.5
+#define TILE_LATENCY_US 1.75       /* one gather round trip (one tile in flight per SM) */
+#define GATHER_FRAC 1.05           /* 1152-byte random rows over a 302 MB pool: above peak
+                                      by the L2's hits (H100: 3.3-3.4 TB/s of rows) */
+#define BLOCK_FIXED_US 7.9         /* a wave's Q load, first tile's latency, epilogue */
+#define COMBINE_FIXED_US 0.0       /* the combine launched as a programmatic dependent */
+#define COMBINE_FRAC 1.27          /* partials written once and read once, mostly in L2 */
+#define CLUSTER_MERGE_US 8.0       /* sm90 in-kernel merge (2 cluster barriers, (S-1)/S of O
+                                      to L2 and back): slower than the combine on the H100
+                                      at all but 3 of 50 shapes, within 4% at those */
+#define DEFAULT_PEAK_BYTES_PER_US 2.0e6 /* a device that does not report its memory clock */
+/* The generic kernel's in-kernel merge: one cluster of C a row (2 cluster barriers, O over
+ * distributed shared memory), and R > 1 clusters a row (slices to L2, a release and a
+ * count, the last block's L2 round trip): fitted with the rest (session 17). */
+#define DSMEM_MERGE_US 3.0
+#define LAST_ARRIVER_US 2.1
 #define MAX_AUTO_SPLITS 64         /* beyond this the combine dominates */
 #define NO_SPLIT_WAVES 4           /* T * groups >= 4 waves of SMs: never split */
 
@@ -356,15 +370,17 @@ static double split_cost(const fwd_choice *c, const cuda_state *st, int num_head
   const int64_t waves = ceil_div(blocks, resident);
   double tile = c->tile_us;
   if (tile < TILE_LATENCY_US) tile = TILE_LATENCY_US;
+  const double peak = st->mem_bytes_per_us > 0.0 ? st->mem_bytes_per_us
+                                                 : DEFAULT_PEAK_BYTES_PER_US;
   const double mem = (double)SMLA_CUDA_FWD_BN * c->gather_bytes * (double)active /
-                     GATHER_BYTES_PER_US;
+                     (GATHER_FRAC * peak);
   if (tile < mem) tile = mem;
   double cost = (double)waves * ((double)tps * tile + BLOCK_FIXED_US);
   if (C)
     cost += c->sm90 ? CLUSTER_MERGE_US : DSMEM_MERGE_US + (s > C ? LAST_ARRIVER_US : 0.0);
   else if (s > 1)
     cost += COMBINE_FIXED_US +
-            (double)T * num_heads * s * SMLA_DC * 4.0 * 2.0 / COMBINE_BYTES_PER_US;
+            (double)T * num_heads * s * SMLA_DC * 4.0 * 2.0 / (COMBINE_FRAC * peak);
   return cost;
 }
 
@@ -677,13 +693,16 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
                                                                 : "per T by cost model";
   snprintf(plan->describe, sizeof plan->describe,
            "%s: %s dr=%d, %d heads/block x %d groups, %s %d (%u KB smem), "
-           "%s bf16%s%s; splits %s (T=1: %d%s, T=%lld: %d%s; %d SMs); %lld partial rows%s",
+           "%s bf16%s%s; splits %s (T=1: %d%s, T=%lld: %d%s; %d SMs, %.2f TB/s%s); "
+           "%lld partial rows%s",
            sm90 ? "cuda-sm90" : "cuda-generic", format_name(d->format), d->dr,
            plan->heads_per_block, c.groups,
            d->format == SMLA_CACHE_BF16 ? "kv stages" : "fp8 staging", pipe,
            (unsigned)((sm90 ? smem90 : L.total) / 1024), sm90 ? "wgmma" : "mma.sync", loop,
            plan->forward_pdl ? ", programmatic launch" : "", policy, s_one, m_one,
-           (long long)d->max_tokens, s_max, m_max, st->sm_count, (long long)cap, merge);
+           (long long)d->max_tokens, s_max, m_max, st->sm_count,
+           (st->mem_bytes_per_us > 0.0 ? st->mem_bytes_per_us : DEFAULT_PEAK_BYTES_PER_US) * 1e-6,
+           st->mem_bytes_per_us > 0.0 ? "" : " assumed", (long long)cap, merge);
   return SMLA_OK;
 }
 
