@@ -110,12 +110,16 @@ def load(files):
     return shapes
 
 
-def plan_kernels(N, per_t):
-    """The kernels the plan may choose from for N heads (the default build): one, unless
-    per_t (the kernel chosen per T by the model as well)."""
+def plan_kernels(N, T, per_t):
+    """The kernels the plan may choose from for N heads at T rows (the default build): the
+    small-head kernel for N <= 32 but the fewest rows (backend.c, small_head_generic_rows),
+    where the generic one; v11 above. per_t: both kernels for N <= 32, by the model."""
     if per_t and N <= 32:
         return {"sm90s", "gen"}
-    return {"sm90s"} if N <= 16 else {"gen"} if N <= 32 else {"sm90"}
+    if N <= 32:
+        few = 0 if N <= 8 else 2 if N <= 16 else 4
+        return {"gen"} if T <= few else {"sm90s"}
+    return {"sm90"}
 
 
 def score(c, shapes, peak, kernels=None, per_t=False):
@@ -131,8 +135,11 @@ def score(c, shapes, peak, kernels=None, per_t=False):
         for k in paths:
             err += math.log(pred[k] / paths[k]) ** 2
             n += 1
-        allowed = plan_kernels(N, per_t)
-        cand = [k for k in pred if k[0] in allowed] or list(pred)
+        allowed = plan_kernels(N, T, per_t)
+        nt = -(-sh["K"] // BN)
+        composite = any(nt % d == 0 for d in range(2, int(math.isqrt(nt)) + 1))
+        cand = [k for k in pred if k[0] in allowed and (not composite or nt % k[2] == 0)]
+        cand = cand or list(pred)  # (auto_splits: equal whole tiles where the count allows)
         pick = min(cand, key=lambda k: (pred[k], k[2], k[3]))
         best = min(paths.values())
         r = paths[pick] / best

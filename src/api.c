@@ -444,9 +444,18 @@ static smla_status check_desc(smla_context *ctx, const char *fn, const smla_plan
   return SMLA_OK;
 }
 
-/* A plan's host memory: the struct and what the backend's plan_init allocated in it. */
-static void plan_free_host(smla_plan *plan) {
+/* What the backend's plan_init allocated in a plan (the split table, a plan for few rows). */
+static void plan_free_parts(smla_plan *plan) {
   free(plan->split_table);
+  if (plan->small_t) {
+    plan_free_parts(plan->small_t);
+    free(plan->small_t);
+  }
+}
+
+/* A plan's host memory: the struct and its parts. */
+static void plan_free_host(smla_plan *plan) {
+  plan_free_parts(plan);
   free(plan);
 }
 
@@ -467,7 +476,7 @@ smla_status smla_plan_workspace_size(smla_context *ctx, const smla_plan_desc *de
   CHECK(check_desc(ctx, "smla_plan_workspace_size", desc));
   smla_plan scratch;
   const smla_status s = plan_choose(ctx, desc, &scratch, bytes);
-  free(scratch.split_table);
+  plan_free_parts(&scratch);
   return s;
 }
 

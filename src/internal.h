@@ -68,6 +68,12 @@ struct smla_plan {
   int split_len_rest;             /* CUDA: entries per split of split_rest (forced splits
                                      need not be whole tiles) */
   int num_threads;                /* CPU: workers (fixed at plan creation) */
+  /* CUDA: the plan of another kernel for T <= small_t_rows (the generic kernel, where the
+   * small-head sm90 kernel is slower at few rows), its workspace region from small_t_offset
+   * of this plan's; NULL: one kernel for every T. Owned by the plan (smla_plan_destroy). */
+  struct smla_plan *small_t;
+  int64_t small_t_rows;
+  size_t small_t_offset;
 };
 
 /* One const table per backend (ggml style). Params are validated before these run. */

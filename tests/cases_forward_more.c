@@ -143,6 +143,27 @@ static void c_t_below_max(t_case *tc) {
   fwd_free(&pb);
 }
 
+/* One plan shape (up to 64 rows, on a caller workspace of exactly its size) at T on both
+ * sides of the few rows that an sm_90 plan hands the generic kernel (backend.c,
+ * small_head_generic_rows: T <= 2 for N = 16, T <= 4 for N = 32; the small-head kernel
+ * above), each forward run twice on its plan: the two kernels' workspace regions must not
+ * meet, and each must be right on its own. */
+static void c_small_t_plan(t_case *tc) {
+  static const int heads[2] = {16, 32};
+  static const int64_t rows[3] = {1, 4, 6};
+  for (int n = 0; n < 2; n++)
+    for (int r = 0; r < 3; r++) {
+      fwd_problem pb;
+      if (setup(tc, &pb, rows[r], heads[n], 512, 64, SMLA_CACHE_BF16, 1) == 0) {
+        pb.max_tokens = 64;
+        pb.caller_workspace = 1;
+        pb.repeat = 2;
+        fwd_run(tc, &pb);
+      }
+      fwd_free(&pb);
+    }
+}
+
 /* SMLA_PLAN_BATCH_INVARIANT: row 0's outputs are bitwise the same whether it runs in a
  * batch of T rows (of different lengths) or alone (T = 1, same plan shape). 64 rows of
  * N = 16: on an H200 the default policy splits T = 1 16 ways and T = 64 far fewer, so a
@@ -647,6 +668,7 @@ void t_register_forward_more_cases(void) {
   t_register("forward_generic_merges_n64_fp8", c_generic_merges_n64_fp8);
   t_register("forward_caller_workspace", c_caller_workspace);
   t_register("forward_T_below_max_tokens", c_t_below_max);
+  t_register("forward_small_t_plan", c_small_t_plan);
   t_register("forward_batch_invariant", c_batch_invariant);
   t_register("forward_batch_invariant_many_splits", c_batch_invariant_many_splits);
   t_register("forward_determinism", c_determinism);

@@ -393,10 +393,17 @@ static int auto_splits(const fwd_choice *c, const cuda_state *st, int num_heads,
   double best = 1e300;
   int best_s = 1, best_len = topk, best_m = 0;
   const int max_s = c->ntiles < MAX_AUTO_SPLITS ? c->ntiles : MAX_AUTO_SPLITS;
+  /* Splits of equal whole tiles where the tile count allows (it has a divisor other than
+   * 1 and itself): the uneven 11 splits of 32 tiles the model preferred measured 8-12%
+   * slower than 8 splits at each of the 3 shapes it was chosen for (H100, bench/RESULTS.md
+   * session 17 call 3), as slow as 16. */
+  int composite = 0;
+  for (int d = 2; d * d <= c->ntiles && !composite; d++) composite = c->ntiles % d == 0;
   for (int s = 1; s <= max_s; s++) {
     const int64_t tps = ceil_div(c->ntiles, s);
     const int64_t s_eff = ceil_div(c->ntiles, tps);
     if (s_eff != s) continue; /* same tiles per split as a smaller s */
+    if (composite && c->ntiles % s != 0) continue;
     for (int m = 0; m <= (merge_cluster_of(c, s) > 0); m++) {
       const double cost = split_cost(c, st, num_heads, T, s, tps, m);
       if (cost < best * 0.999) { /* ties go to fewer splits, then to the combine kernel */
@@ -555,6 +562,20 @@ static void merged_text(char *buf, size_t n, int sm90, int C, int s) {
     snprintf(buf, n, " merged in-kernel (%d clusters of %d)", s / C, C);
 }
 
+/* Rows at or below which the generic kernel is faster than the small-head sm90 kernel
+ * for N heads (0: never), measured with `smla bench --paths` on an H100 (bench/RESULTS.md
+ * session 17, calls 2-3, amortized): N <= 8 the small-head kernel is faster at every T
+ * (T = 1: 8.3-8.6 against 8.9 us); N = 16 the generic kernel at T = 1, 2 (9.8 / 10.9
+ * against 10.2-10.4 / 11.3-11.5), the small-head one from T = 4 (13.6 against 13.9); N =
+ * 32 the generic kernel to T = 4 (11.9 / 13.8 / 17.2 against 13.3 / 15.3 / 17.5), the
+ * small-head one from T = 8 (19.2 against 21.2; 401 against 453 at T = 512). The small-
+ * head kernel's fixed cost a forward is what differs (one compute warpgroup, its splits
+ * merged by the combine): a crossover in T, not a bandwidth, so it holds for sm_90 cards
+ * alike; re-measure it when either kernel changes. */
+static int64_t small_head_generic_rows(int num_heads) {
+  return num_heads <= 8 ? 0 : num_heads <= 16 ? 2 : 4;
+}
+
 static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   smla_context *ctx = plan->ctx;
   const cuda_state *st = ctx->backend_state;
@@ -563,8 +584,9 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
 
   /* The sm_90a wgmma kernel where it applies: an sm_90 device (H100/H200), a BF16 cache
    * and N > 32 (64-head tiles), or the N the build gives the small-head kernel (8 or 16
-   * heads on the wgmma N axis: N <= 16 by default, SMLA_FWD90_SMALL), unless the caller
-   * asks for the portable kernels; the generic 16/32-head blocks take the other N <= 32. */
+   * 16 or 32 heads on the wgmma N axis: N <= 32 by default, SMLA_FWD90_SMALL), unless the
+   * caller asks for the portable kernels; the generic 16/32-head blocks take the other
+   * N <= 32, and the few rows where they are faster (small_t below). */
   const int hb90 = d->num_heads > 32 ? 64 : smla_cuda_fwd90_small_heads(d->num_heads);
   const uint32_t smem90 = hb90 ? smla_cuda_fwd90_smem_bytes(d->dr, hb90) : 0;
   const int sm90 = st->cc_major == 9 && st->cc_minor == 0 && d->format == SMLA_CACHE_BF16 &&
@@ -703,6 +725,35 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
            (long long)d->max_tokens, s_max, m_max, st->sm_count,
            (st->mem_bytes_per_us > 0.0 ? st->mem_bytes_per_us : DEFAULT_PEAK_BYTES_PER_US) * 1e-6,
            st->mem_bytes_per_us > 0.0 ? "" : " assumed", (long long)cap, merge);
+  /* Few rows on the generic kernel where the small-head sm90 kernel is slower there: a
+   * second plan (the portable kernels, the same policy) with its own workspace region,
+   * which the forward hands T <= small_t_rows. Not under a forced split count or batch
+   * invariance (a row's result would then depend on T through the kernel). */
+  const int64_t few = sm90 && hb90 < 64 && d->num_splits == 0 &&
+                              !(d->flags & SMLA_PLAN_BATCH_INVARIANT)
+                          ? small_head_generic_rows(d->num_heads) : 0;
+  if (few > 0) {
+    smla_plan *g = calloc(1, sizeof *g);
+    if (!g) return smla_set_error(ctx, SMLA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    g->ctx = ctx;
+    g->desc = *d;
+    g->desc.flags |= SMLA_PLAN_PORTABLE;
+    g->desc.max_tokens = few < d->max_tokens ? few : d->max_tokens;
+    size_t g_bytes = 0;
+    s = cuda_plan_init(g, &g_bytes);
+    if (s != SMLA_OK) {
+      free(g->split_table);
+      free(g);
+      return s;
+    }
+    plan->small_t = g;
+    plan->small_t_rows = g->desc.max_tokens;
+    plan->small_t_offset = (*workspace_bytes + 255) / 256 * 256;
+    *workspace_bytes = plan->small_t_offset + g_bytes;
+    const size_t n = strlen(plan->describe);
+    snprintf(plan->describe + n, sizeof plan->describe - n, "; T <= %lld: cuda-generic, "
+             "%d heads/block", (long long)plan->small_t_rows, g->heads_per_block);
+  }
   return SMLA_OK;
 }
 
@@ -710,6 +761,13 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
  * stream, waited for, once per plan (plan creation may synchronize; it is refused during
  * capture). */
 static smla_status cuda_plan_ready(smla_plan *plan) {
+  if (plan->small_t) { /* the few-rows plan: its region of this plan's workspace */
+    smla_plan *g = plan->small_t;
+    g->workspace = plan->workspace ? (char *)plan->workspace + plan->small_t_offset : NULL;
+    g->workspace_bytes = plan->workspace_bytes - plan->small_t_offset;
+    const smla_status s = cuda_plan_ready(g);
+    if (s != SMLA_OK) return s;
+  }
   if (plan->counter_rows == 0) return SMLA_OK;
   smla_context *ctx = plan->ctx;
   const int64_t groups = ceil_div(plan->desc.num_heads, plan->heads_per_block);
@@ -735,6 +793,8 @@ static smla_status cuda_plan_ready(smla_plan *plan) {
 
 static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p,
                                 const smla_convert_params *indices, void *stream) {
+  if (plan->small_t && p->num_tokens <= plan->small_t_rows)
+    return cuda_forward(plan->small_t, p, indices, stream);
   smla_context *ctx = plan->ctx;
   const char *fn = "smla_forward";
   fwd_choice c;

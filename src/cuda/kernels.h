@@ -256,8 +256,8 @@ cudaError_t smla_cuda_fwd_launch_ds(const smla_cuda_fwd_config *c,
                                     const smla_cuda_fwd_args *a, void *stream);
 
 /* The sm_90a wgmma forward (src/cuda/sm90/forward_wgmma.cu): BF16 cache, hb = 64 heads per
- * block (v11) or hb = 8 or 16 (the small-head kernel; 32 too where built with
- * SMLA_FWD90_SMALL=2: smla_cuda_fwd90_small_heads says which for N); the same args, grid (T
+ * block (v11) or hb = 8, 16 or 32 (the small-head kernel; 8 or 16 only where built with
+ * SMLA_FWD90_SMALL=1: smla_cuda_fwd90_small_heads says which for N); the same args, grid (T
  * * groups * num_splits blocks) and partial states as the generic kernel. Machine code for
  * sm_90a only: launch it on sm_90 devices. */
 int smla_cuda_fwd90_small_heads(int num_heads); /* 0: none for this N in this build */

@@ -1,8 +1,8 @@
 /*
  * forward_wgmma.cu: the Hopper (sm_90a) sparse-MLA forward for BF16 caches and 64 heads
  * per block (SPEC §3), tensor cores through wgmma with both operands in shared memory (and
- * P from registers); and, at the end, the small-head kernel (N <= 16 by default: heads on
- * the wgmma N axis). Design, napkin math and every measured version (v1-v13; v2-v8's code
+ * P from registers); and, at the end, the small-head kernel (N <= 32 by default: heads on
+ * the wgmma N axis; the plan gives the generic kernel the fewest rows, where it is faster). Design, napkin math and every measured version (v1-v13; v2-v8's code
  * is in the git history, v3 / v7 last at d2d16d7, v12 at 8663169, v13 at f3d4a0c):
  * docs/design/cuda-sm90-forward.md.
  *
@@ -715,7 +715,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   fwd_count_bad(a, grp, bad);
 }
 
-/* ---- small heads: swap-AB tiles, N <= 16 (N <= 32 built in; SMLA_FWD90_SMALL) ------------
+/* ---- small heads: swap-AB tiles, N <= 32 (SMLA_FWD90_SMALL) -----------------------------
  * One block per (row t, split), HG = 8, 16 or 32 heads (the fewest that hold N), no matrix
  * work for heads past HG: the heads sit on the wgmma N axis.
  *   S^T[64 entries][HG] = K Q^T    36 wgmma m64nHGk16 (A = the stage's K rows, K-major;
@@ -729,14 +729,15 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
  * rows at 4.2 TB/s over 132 SMs), and v11's gather warpgroup, two stages of 64 rows. Q
  * is [kb][HG rows][128 B], 128-byte swizzle. No in-kernel split merge: the plan merges
  * this kernel's splits with the combine kernel. */
-/* SMLA_FWD90_SMALL (session 16): which N the plan gives this kernel on sm_90 devices. 1
- * (default): N <= 16; 2: N <= 32; 0: none (the generic kernel takes N <= 32). Measured
- * against the generic kernel (H100, bench/RESULTS.md session 16 call 2, amortized): N = 8
- * 6-7% faster at T = 1, 16, 64, 1024; N = 16 2-6% faster from T = 16 on, 0.2-0.4 us slower
- * at T = 1; N = 32 11% faster at T = 1024 but 1.4 us (12%) slower at T = 1 and 6% at T =
- * 4, so N = 17..32 waits for a per-T choice of kernel. */
+/* SMLA_FWD90_SMALL: which N the plan gives this kernel on sm_90 devices. 2 (default since
+ * session 17): N <= 32; 1: N <= 16 (session 16's default); 0: none (the generic kernel
+ * takes N <= 32). Against the generic kernel (H100, bench/RESULTS.md session 16 call 2
+ * and session 17 call 2, amortized): faster at every T for N = 8; from T = 4 for N = 16
+ * and from T = 8 for N = 32 (11% at T = 1024 and 512), slower below (N = 32 T = 1: 13.3
+ * against 11.9 us). The plan hands those few rows to the generic kernel (backend.c,
+ * small_head_generic_rows). */
 #ifndef SMLA_FWD90_SMALL
-#define SMLA_FWD90_SMALL 1
+#define SMLA_FWD90_SMALL 2
 #endif
 #if SMLA_FWD90_SMALL
 
