@@ -319,8 +319,10 @@ static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 3.1, 0.0, 5.1}; /* generic, 
 #define COMBINE_FIXED_US 0.0       /* the combine launched as a programmatic dependent */
 #define COMBINE_FRAC 1.27          /* partials written once and read once, mostly in L2 */
 #define CLUSTER_MERGE_US 8.0       /* sm90 in-kernel merge (2 cluster barriers, (S-1)/S of O
-                                      to L2 and back): slower than the combine on the H100
-                                      at all but 3 of 50 shapes, within 4% at those */
+                                      to L2 and back), as fitted: it keeps the model off it.
+                                      It beats the combine by 3-7% at 2 splits from T = 32
+                                      on, where 1 split is faster still but at N = 128 T =
+                                      32 (2 merged 50.2 us, the model's 8 splits 53.0) */
 #define DEFAULT_PEAK_BYTES_PER_US 2.0e6 /* a device that does not report its memory clock */
 /* The generic kernel's in-kernel merge: one cluster of C a row (2 cluster barriers, O over
  * distributed shared memory), and R > 1 clusters a row (slices to L2, a release and a
@@ -583,8 +585,8 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   const char *fn = "smla_plan_create";
 
   /* The sm_90a wgmma kernel where it applies: an sm_90 device (H100/H200), a BF16 cache
-   * and N > 32 (64-head tiles), or the N the build gives the small-head kernel (8 or 16
-   * 16 or 32 heads on the wgmma N axis: N <= 32 by default, SMLA_FWD90_SMALL), unless the
+   * and N > 32 (64-head tiles), or the N the build gives the small-head kernel (8, 16 or
+   * 32 heads on the wgmma N axis: N <= 32 by default, SMLA_FWD90_SMALL), unless the
    * caller asks for the portable kernels; the generic 16/32-head blocks take the other
    * N <= 32, and the few rows where they are faster (small_t below). */
   const int hb90 = d->num_heads > 32 ? 64 : smla_cuda_fwd90_small_heads(d->num_heads);
