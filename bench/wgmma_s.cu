@@ -70,7 +70,7 @@ __device__ __forceinline__ float s_tile(uint32_t q_s, uint32_t k_s) {
   float s[32], acc = 0.0f;
 #pragma unroll
   for (int half = 0; half < (WAY ? 2 : 1); half++) {
-    wg_s_issue<WAY ? 32 : 64, KB>(s, q_s, k_s + (uint32_t)half * 4096u);
+    wg_s_issue<WAY ? 32 : 64, KB>(s, q_s, 8192u, k_s + (uint32_t)half * 4096u, 8192u);
     wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < (WAY ? 16 : 32); i++) wg_pin(s[i]);

@@ -7,14 +7,14 @@ of the path the model would choose against the fastest measured path.
 
 Each row of a --paths run is one path: kernel (sm90 64-head, sm90 small-head, generic), heads
 a block, split count, merge (in the kernel or the combine kernel), and its median time. The
-model here is the C model line for line (DEFAULT: its constants, by name); --fit searches the constants
-that are fitted to timings (the tile times, the block and merge costs, the two rates, as
-fractions of the device's peak memory bandwidth, which the plan reads from the device) for
-the least total regret, then the least log error. Prints the constants to paste, and a line
-per shape that the model gets wrong by more than 5%.
+model here is the C model line for line (DEFAULT: its constants, by name; the plan's kernel
+per N and T, and its splits of equal whole tiles). --fit moves every constant by
+multiplicative steps (coordinate descent) to the least rms log error over every measured
+path, then scores the choice; the rates are fractions of the device's peak memory bandwidth,
+which the plan reads from the device. Prints the constants to paste into backend.c, and a
+line per shape where the model's choice is more than 5% slower than the fastest path.
 """
 import argparse
-import itertools
 import json
 import math
 import re

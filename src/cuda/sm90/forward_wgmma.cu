@@ -333,7 +333,7 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     fence_proxy_async();
     const uint64_t um = umask[st] >> (2 * tig); /* bit 8 n + e: column 8 n + 2 tig + e used */
     asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
-    wg_s_issue<64, KB>(s, q_s, kvb);
+    wg_s_issue<64, KB>(s, q_s, W_KB_BYTES, kvb, W_KB_BYTES);
     wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; i++) wg_pin(s[i]);
@@ -846,18 +846,7 @@ __global__ void __launch_bounds__(256, 1)
       const uint64_t um = umask[st];
       const bool u0 = (um >> r0) & 1u, u1 = (um >> (r0 + 8)) & 1u;
       float s[HG / 2];
-#pragma unroll
-      for (int i = 0; i < HG / 2; i++) s[i] = 0.0f;
-#pragma unroll
-      for (int i = 0; i < HG / 2; i++) wg_pin(s[i]);
-      wg_fence();
-#pragma unroll
-      for (int kb = 0; kb < KB; kb++)
-#pragma unroll
-        for (int k4 = 0; k4 < 4; k4++)
-          wgmma_m64nNk16_ss<HG, 0>(s, wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024),
-                                   wg_desc(q_s + kb * QB + k4 * 32, 16, 1024));
-      wg_commit();
+      wg_s_issue<HG, KB>(s, kvb, W_KB_BYTES, q_s, QB); /* S^T = K Q^T */
       wg_wait<0>();
 #pragma unroll
       for (int i = 0; i < HG / 2; i++) wg_pin(s[i]);

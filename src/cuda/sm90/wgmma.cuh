@@ -109,21 +109,24 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float d[16], uint64_t da, uin
       : "l"(da), "l"(db), "n"(1), "n"(TA));
 }
 
-/* The one of the three for N. */
+/* The one for N (8, 16, 32 or 64; TA = 1, A MN-major, for N < 64 only). */
 template <int N, int TA>
 __device__ __forceinline__ void wgmma_m64nNk16_ss(float *d, uint64_t da, uint64_t db) {
-  static_assert(N == 8 || N == 16 || N == 32, "N = 8, 16 or 32");
+  static_assert(N == 8 || N == 16 || N == 32 || (N == 64 && TA == 0), "N = 8, 16, 32 or 64");
   if constexpr (N == 8) wgmma_m64n8k16_ss<TA>(d, da, db);
   else if constexpr (N == 16) wgmma_m64n16k16_ss<TA>(d, da, db);
-  else wgmma_m64n32k16_ss<TA>(d, da, db);
+  else if constexpr (N == 32) wgmma_m64n32k16_ss<TA>(d, da, db);
+  else wgmma_m64n64k16_ss(d, da, db);
 }
 
-/* S = Q K^T issued as one commit group: s (N / 2 floats a thread) zeroed, then KB x 4
- * wgmma m64nNk16 (N = 64 or 32 rows of K), Q and K both [kb][rows][128 B] stacks of 8 KB
- * blocks in the 128-byte swizzle (k_s: the stack's first row used). The caller waits. */
+/* An S tile issued as one commit group: s (N / 2 floats a thread) zeroed, then KB x 4
+ * wgmma m64nNk16 over the 576 (or 512) columns, A and B both K-major stacks of KB column
+ * blocks in the 128-byte swizzle: A's 64 rows from a_s, its blocks a_kb bytes apart, B's
+ * N rows from b_s, b_kb apart. S = Q K^T (v11, A = Q) or S^T = K Q^T (the small-head
+ * kernel, A = the stage's K rows, B = Q's HG rows). The caller waits. */
 template <int N, int KB>
-__device__ __forceinline__ void wg_s_issue(float *s, uint32_t q_s, uint32_t k_s) {
-  static_assert(N == 64 || N == 32, "S tiles of 64 or 32 rows");
+__device__ __forceinline__ void wg_s_issue(float *s, uint32_t a_s, uint32_t a_kb, uint32_t b_s,
+                                           uint32_t b_kb) {
 #pragma unroll
   for (int i = 0; i < N / 2; i++) s[i] = 0.0f;
 #pragma unroll
@@ -132,12 +135,9 @@ __device__ __forceinline__ void wg_s_issue(float *s, uint32_t q_s, uint32_t k_s)
 #pragma unroll
   for (int kb = 0; kb < KB; kb++)
 #pragma unroll
-    for (int k4 = 0; k4 < 4; k4++) {
-      const uint64_t da = wg_desc(q_s + kb * 8192u + k4 * 32, 16, 1024);
-      const uint64_t db = wg_desc(k_s + kb * 8192u + k4 * 32, 16, 1024);
-      if (N == 64) wgmma_m64n64k16_ss(s, da, db);
-      else wgmma_m64n32k16_ss(s, da, db);
-    }
+    for (int k4 = 0; k4 < 4; k4++)
+      wgmma_m64nNk16_ss<N, 0>(s, wg_desc(a_s + kb * a_kb + k4 * 32, 16, 1024),
+                              wg_desc(b_s + kb * b_kb + k4 * 32, 16, 1024));
   wg_commit();
 }
 
