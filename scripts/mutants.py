@@ -182,9 +182,12 @@ MUTANTS = [
       "generic kernel (BF16 and FP8_TENSOR caches) leaves the rope columns out of S",
       "forward"),
     M("gpu_sm90_dropped_rope", "gpu", "src/cuda/sm90/wgmma.cuh",
-      "  for (int kb = 0; kb < KB; kb++)\n#pragma unroll\n    for (int k4 = 0; k4 < 4; k4++) {",
-      "  for (int kb = 0; kb < (KB == 9 ? 8 : KB); kb++)\n#pragma unroll\n    for (int k4 = 0; k4 < 4; k4++) {",
-      "sm90 wgmma kernel (v11) leaves the rope block out of S", "forward"),
+      "  for (int kb = 0; kb < KB; kb++)\n#pragma unroll\n    for (int k4 = 0; k4 < 4; k4++)\n"
+      "      wgmma_m64nNk16_ss<N, 0>(",
+      "  for (int kb = 0; kb < (KB == 9 ? 8 : KB); kb++)\n#pragma unroll\n"
+      "    for (int k4 = 0; k4 < 4; k4++)\n      wgmma_m64nNk16_ss<N, 0>(",
+      "both sm90 kernels (v11, small-head: wg_s_issue) leave the rope block out of S",
+      "forward"),
     M("gpu_sm90_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
       "      alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);",
       "      alpha[hh] = m_run[hh] == NEG_INF ? 0.0f : 1.0f;",
