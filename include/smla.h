@@ -275,6 +275,12 @@ typedef struct smla_plan_desc {
   int num_splits;                /* KV splits per row, 0..1024: 0 = the plan chooses; > 0
                                     forces it (capped at what K allows; the CPU backend
                                     runs unsplit whatever it is) */
+  int heads_per_block;           /* heads a block computes: 0 = the plan chooses (per T);
+                                    8, 16, 32 or 64 forces at most that many, N running
+                                    as ceil(N / it) head groups (CUDA; the generic kernel's
+                                    narrowest block is 16 heads; the CPU backend ignores
+                                    it): for A/B comparisons and tests. smla_plan_describe
+                                    says what was chosen */
 } smla_plan_desc;
 
 /* Statuses of smla_plan_workspace_size and smla_plan_create: OK; INVALID_ARGUMENT (NULL

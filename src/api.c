@@ -441,6 +441,10 @@ static smla_status check_desc(smla_context *ctx, const char *fn, const smla_plan
   if (d->num_splits < 0 || d->num_splits > 1024)
     FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: desc.num_splits = %d, must be 0..1024", fn,
          d->num_splits);
+  if (d->heads_per_block != 0 && d->heads_per_block != 8 && d->heads_per_block != 16 &&
+      d->heads_per_block != 32 && d->heads_per_block != 64)
+    FAIL(SMLA_ERR_INVALID_ARGUMENT, "%s: desc.heads_per_block = %d, must be 0 (the plan "
+         "chooses), 8, 16, 32 or 64", fn, d->heads_per_block);
   return SMLA_OK;
 }
 

@@ -287,7 +287,7 @@ static void c_concurrency(t_case *tc) {
 /* A plan of these shapes on ctx, for the cases that check what it chose (its describe);
  * NULL after a failed expectation. */
 static smla_plan *plan_for(t_case *tc, smla_context *ctx, int64_t T, int N, int K, int dr,
-                           smla_cache_format format, int splits, uint32_t flags) {
+                           smla_cache_format format, int splits, int hb, uint32_t flags) {
   smla_plan_desc d;
   memset(&d, 0, sizeof d);
   d.max_tokens = T;
@@ -296,6 +296,7 @@ static smla_plan *plan_for(t_case *tc, smla_context *ctx, int64_t T, int N, int 
   d.dr = dr;
   d.format = format;
   d.num_splits = splits;
+  d.heads_per_block = hb;
   d.flags = flags;
   smla_plan *plan = NULL;
   if (!t_expect_ok(tc, smla_plan_create(ctx, &d, NULL, 0, &plan), ctx, "smla_plan_create"))
@@ -304,10 +305,11 @@ static smla_plan *plan_for(t_case *tc, smla_context *ctx, int64_t T, int N, int 
 }
 
 static void wide_flags(t_case *tc, int64_t T, int N, int K, int dr, float softcap, int sink,
-                       int splits, uint32_t flags) {
+                       int splits, int hb, uint32_t flags) {
   fwd_problem pb;
   fwd_defaults(&pb, T, N, K, dr, SMLA_CACHE_BF16);
   pb.flags = flags;
+  pb.heads_per_block = hb;
   pb.softcap = softcap;
   pb.use_sink = sink;
   pb.num_splits = splits;
@@ -325,7 +327,7 @@ static void wide_flags(t_case *tc, int64_t T, int N, int K, int dr, float softca
 
 static void wide(t_case *tc, int64_t T, int N, int K, int dr, float softcap, int sink,
                  int splits) {
-  wide_flags(tc, T, N, K, dr, softcap, sink, splits, 0);
+  wide_flags(tc, T, N, K, dr, softcap, sink, splits, 0, 0);
 }
 
 /* Logits 100x the default spread (sm_scale 600 / sqrt(Dqk): a row's logits span a few
@@ -364,7 +366,7 @@ static void unsplit(t_case *tc, int N, int K, int dr, float softcap, int sink) {
   for (int b = 0; b < g_num_backends; b++) {
     smla_context *ctx = t_on(tc, b);
     if (!ctx || b == T_CPU) continue;
-    smla_plan *plan = plan_for(tc, ctx, 3, N, K, dr, SMLA_CACHE_BF16, 1, 0);
+    smla_plan *plan = plan_for(tc, ctx, 3, N, K, dr, SMLA_CACHE_BF16, 1, 0, 0);
     if (!plan) continue;
     const char *desc = smla_plan_describe(plan);
     if (strncmp(desc, "cuda-sm90", 9) == 0) {
@@ -376,6 +378,37 @@ static void unsplit(t_case *tc, int N, int K, int dr, float softcap, int sink) {
     smla_plan_destroy(plan);
   }
 }
+/* Forced narrower head groups (desc.heads_per_block): N heads as ceil(N / hb) groups, on
+ * the small-head sm90 kernel (hb heads a block) and, through fwd_run, the generic kernel
+ * (16-head blocks at hb <= 16, 32 at hb = 32), with the wide cases' planted slots, lengths
+ * (an empty row), sink; the last group partial at N = 40 and N = 100; forced splits and
+ * the plan's. On a GPU the plan must name hb heads a block and the group count, so that a
+ * plan that ignored the field cannot pass. */
+static void c_heads_per_block(t_case *tc) {
+  static const struct { int64_t T; int N, K, dr, hb, splits; } cfg[6] = {
+      {2, 64, 600, 64, 16, 0}, {1, 128, 2048, 64, 32, 0}, {3, 40, 700, 0, 16, 4},
+      {2, 16, 500, 64, 8, 0},  {2, 64, 300, 64, 32, 1},   {2, 100, 900, 64, 32, 3}};
+  for (int i = 0; i < 6; i++) {
+    wide_flags(tc, cfg[i].T, cfg[i].N, cfg[i].K, cfg[i].dr, 0.0f, 1, cfg[i].splits, cfg[i].hb, 0);
+    for (int b = 0; b < g_num_backends; b++) {
+      smla_context *ctx = t_on(tc, b);
+      if (!ctx || b == T_CPU) continue;
+      smla_plan *plan = plan_for(tc, ctx, cfg[i].T, cfg[i].N, cfg[i].K, cfg[i].dr,
+                                 SMLA_CACHE_BF16, cfg[i].splits, cfg[i].hb, 0);
+      if (!plan) continue;
+      const char *desc = smla_plan_describe(plan);
+      /* the generic kernel's narrowest block is 16 heads */
+      const int want = strncmp(desc, "cuda-sm90", 9) == 0 || cfg[i].hb >= 16 ? cfg[i].hb : 16;
+      char words[48];
+      snprintf(words, sizeof words, " %d heads/block x %d groups", want,
+               (cfg[i].N + want - 1) / want);
+      t_expect(tc, strstr(desc, words) != NULL, "N = %d, heads_per_block = %d: the plan "
+               "should say \"%s\": %s", cfg[i].N, cfg[i].hb, words + 1, desc);
+      smla_plan_destroy(plan);
+    }
+  }
+}
+
 static void c_wide_n128_unsplit(t_case *tc) { unsplit(tc, 128, 2051, 64, 0.0f, 1); }
 static void c_wide_n8_dr0_unsplit(t_case *tc) { unsplit(tc, 8, 2150, 0, 5.0f, 0); }
 static void c_wide_n64_dr0_unsplit(t_case *tc) { unsplit(tc, 64, 2150, 0, 5.0f, 0); }
@@ -391,13 +424,13 @@ static void c_wide_n128_merges(t_case *tc) {
       {2, 0, 1}, {3, 0, 1}, {4, 0, 1}, {6, 0, 1}, {7, 0, 1}, {8, 0, 1}, {12, 0, 0},
       {4, SMLA_PLAN_SEPARATE_MERGE, 0}};
   for (int i = 0; i < 8; i++) {
-    wide_flags(tc, 4, 128, 1800, 64, 0.0f, 1, cfg[i].splits, cfg[i].flags);
+    wide_flags(tc, 4, 128, 1800, 64, 0.0f, 1, cfg[i].splits, 0, cfg[i].flags);
     for (int b = 0; b < g_num_backends; b++) {
       smla_context *ctx = t_on(tc, b);
       if (b == T_CPU) t_skip(tc, "the merges of KV splits; the CPU has no splits, its runs are the GPU's comparison");
       if (!ctx || b == T_CPU) continue;
       smla_plan *plan =
-          plan_for(tc, ctx, 4, 128, 1800, 64, SMLA_CACHE_BF16, cfg[i].splits, cfg[i].flags);
+          plan_for(tc, ctx, 4, 128, 1800, 64, SMLA_CACHE_BF16, cfg[i].splits, 0, cfg[i].flags);
       if (!plan) continue;
       const char *desc = smla_plan_describe(plan);
       if (strncmp(desc, "cuda-sm90", 9) == 0)
@@ -448,7 +481,7 @@ static void generic_merges(t_case *tc, int N, int dr, smla_cache_format format, 
       if (b == T_CPU) t_skip(tc, "the merges of KV splits; the CPU has no splits, its runs are the GPU's comparison");
       if (!ctx || b == T_CPU) continue;
       const uint32_t flags = flags0 | cfg[i].flags;
-      smla_plan *plan = plan_for(tc, ctx, T, N, K, dr, format, cfg[i].splits, flags);
+      smla_plan *plan = plan_for(tc, ctx, T, N, K, dr, format, cfg[i].splits, 0, flags);
       if (!plan) continue;
       const char *desc = smla_plan_describe(plan);
       if (strncmp(desc, "cuda-generic", 12) == 0 && strstr(desc, "programmatic launch")) {
@@ -669,6 +702,7 @@ void t_register_forward_more_cases(void) {
   t_register("forward_caller_workspace", c_caller_workspace);
   t_register("forward_T_below_max_tokens", c_t_below_max);
   t_register("forward_small_t_plan", c_small_t_plan);
+  t_register("forward_heads_per_block", c_heads_per_block);
   t_register("forward_batch_invariant", c_batch_invariant);
   t_register("forward_batch_invariant_many_splits", c_batch_invariant_many_splits);
   t_register("forward_determinism", c_determinism);

@@ -284,6 +284,7 @@ static void c_validate_plan_shapes(t_case *tc) {
     d = ok; d.format = (smla_cache_format)3; expect_plan(tc, ctx, &d, SMLA_ERR_INVALID_ARGUMENT, "format", "format 3");
     d = ok; d.flags = 0x80;    expect_plan(tc, ctx, &d, SMLA_ERR_INVALID_ARGUMENT, "flags", "unknown flag bit");
     d = ok; d.num_splits = -1; expect_plan(tc, ctx, &d, SMLA_ERR_INVALID_ARGUMENT, "num_splits", "num_splits = -1");
+    d = ok; d.heads_per_block = 24; expect_plan(tc, ctx, &d, SMLA_ERR_INVALID_ARGUMENT, "heads_per_block", "heads_per_block = 24");
     expect_plan(tc, ctx, NULL, SMLA_ERR_INVALID_ARGUMENT, "desc", "desc NULL");
     t_expect_status(tc, smla_plan_create(ctx, &ok, NULL, 0, NULL), SMLA_ERR_INVALID_ARGUMENT, ctx,
                     "plan", "plan out-pointer NULL");

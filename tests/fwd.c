@@ -470,6 +470,7 @@ static smla_status exec_core(smla_context *ctx, int dev, const fwd_problem *pb,
   desc.format = pb->format;
   desc.flags = pb->flags;
   desc.num_splits = pb->num_splits;
+  desc.heads_per_block = pb->heads_per_block;
   smla_status s;
   if (pb->caller_workspace) {
     size_t bytes = 0;

@@ -45,6 +45,7 @@ typedef struct {
   /* plan options */
   int64_t max_tokens;                 /* the plan's max T (>= T) */
   int num_splits;                     /* 0: the plan picks */
+  int heads_per_block;                /* 0: the plan picks (desc.heads_per_block) */
   uint32_t flags;
   int caller_workspace;               /* 1: workspace from smla_plan_workspace_size */
   int repeat;                         /* >= 2: run again on the same plan and on a new

@@ -227,9 +227,11 @@ done:
 }
 
 int tool_plan(const tool_device *d, int64_t max_tokens, int heads, int topk, int dr,
-              smla_cache_format format, int num_splits, uint32_t flags, smla_plan **plan) {
+              smla_cache_format format, int num_splits, int heads_per_block, uint32_t flags,
+              smla_plan **plan) {
   smla_plan_desc pd = {0};
   pd.num_splits = num_splits;
+  pd.heads_per_block = heads_per_block;
   pd.flags = flags;
   pd.max_tokens = max_tokens;
   pd.num_heads = heads;
@@ -395,7 +397,7 @@ static const int64_t bench_prefill_tokens[] = {256, 512, 1024, 2048, 4096};
 static const int64_t bench_paths_tokens[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
 static const int64_t bench_paths_heads[] = {8, 16, 64, 128};
 static const int bench_paths_splits[] = {1, 2, 4, 8, 16, 32};
-#define BENCH_MAX_VARIANTS 24
+#define BENCH_MAX_VARIANTS 64
 
 typedef struct bench_opts {
   const char *preset; /* "decode" or "prefill" */
@@ -407,6 +409,7 @@ typedef struct bench_opts {
   int topk, dr, threads, use_graph;
   int splits, portable, separate; /* --splits (0: the plan picks), --portable,
                                      --separate-merge */
+  int hb;                          /* --heads-per-block (0: the plan picks) */
   int paths;                       /* --paths: every path of each shape, and the plan's */
   int indices_bs, two_call;        /* --indices BS: request-local positions through a block
                                       table (smla_forward_indices; --two-call: convert, then
@@ -449,7 +452,8 @@ static void bench_usage(FILE *f) {
           "usage: smla bench [--preset decode|prefill] [--device cpu|N] [-N list] [-T list]\n"
           "                  [-K 2048] [--dr 0|64] [--format bf16|fp8_tensor|fp8_ds]\n"
           "                  [--slots 262144] [--reps R] [--seed S] [--threads N]\n"
-          "                  [--no-graph] [--splits S] [--portable] [--separate-merge]\n"
+          "                  [--no-graph] [--splits S] [--heads-per-block H] [--portable]\n"
+          "                  [--separate-merge]\n"
           "                  [--timing amortized|cold|both] [--paths] [--indices BS]\n"
           "                  [--two-call] [--json FILE]\n"
           "  Times smla_forward at DeepSeek-V3.2 shapes over a random KV pool of --slots\n"
@@ -457,7 +461,8 @@ static void bench_usage(FILE *f) {
           "  Defaults: GPU 0 if there is one, else the CPU; N = 16,128; reps %d on a GPU,\n"
           "  %d..%d on the CPU (as many as fit in about %.0f s per shape).\n"
           "  Lists are comma-separated (-N 16,128 -T 1,64). --splits forces the KV split\n"
-          "  count (desc.num_splits); --portable asks for SMLA_PLAN_PORTABLE (on H100/H200:\n"
+          "  count (desc.num_splits), --heads-per-block a block's head group (8, 16, 32 or\n"
+          "  64: desc.heads_per_block); --portable asks for SMLA_PLAN_PORTABLE (on H100/H200:\n"
           "  the generic mma.sync kernel instead of the wgmma one); --separate-merge asks\n"
           "  for SMLA_PLAN_SEPARATE_MERGE (splits merged by the combine kernel only).\n"
           "  --timing (GPU; default both): amortized = many forwards on rotating inputs per\n"
@@ -465,7 +470,8 @@ static void bench_usage(FILE *f) {
           "  %zu MiB zeroed before each (L2 flushed), median of %d. The rate columns use\n"
           "  the amortized time when it was taken.\n"
           "  --paths: for each shape, the plan's own choice and every other path (forced\n"
-          "  splits 1..32, in-kernel or separate merge, the generic kernel), one line per\n"
+          "  splits 1..32, in-kernel or separate merge, the generic kernel; at T <= 32 also\n"
+          "  narrower head groups of 8, 16, 32, up to 8 groups), one line per\n"
           "  shape with the chosen path's time against the fastest (every row in --json);\n"
           "  default T = 1..512, N = 8,16,64,128.\n"
           "  --indices BS: each row its own request, whose K positions (distinct, random in\n"
@@ -777,7 +783,7 @@ static int bench_shape_run(const tool_device *d, const bench_opts *o, const benc
    * batch size would. */
   const uint32_t flags = (o->portable ? SMLA_PLAN_PORTABLE : 0u) |
                          (o->separate ? SMLA_PLAN_SEPARATE_MERGE : 0u);
-  if (tool_plan(d, T, N, K, dr, o->format, o->splits, flags, &b.plan))
+  if (tool_plan(d, T, N, K, dr, o->format, o->splits, o->hb, flags, &b.plan))
     goto done;
   snprintf(row->path, sizeof row->path, "%s%s", smla_plan_describe(b.plan),
            !b.indices ? "" : b.two_call ? " [indices: convert, then forward]"
@@ -922,6 +928,23 @@ static int bench_paths_shape(const tool_device *d, const bench_opts *o, const be
     v[nv].separate = k == 1;
     nv++;
   }
+  /* Narrower head groups where few rows leave SMs idle: hb heads a block (fewer than the
+   * N rounded up to 8, 16, 32 or 64, at most 8 groups), on either kernel, with the plan's
+   * splits or 8, 16, 32 of them. */
+  const int natural = N > 32 ? 64 : N > 16 ? 32 : N > 8 ? 16 : 8;
+  static const int paths_hb_splits[] = {0, 8, 16, 32};
+  for (int hb = 8; hb < natural && T <= 32; hb *= 2) {
+    if ((N + hb - 1) / hb > 8) continue;
+    for (int k = 0; k < 2; k++)
+      for (size_t i = 0; i < sizeof paths_hb_splits / sizeof *paths_hb_splits; i++) {
+        if (paths_hb_splits[i] > ntiles || nv >= BENCH_MAX_VARIANTS) continue;
+        v[nv] = *o;
+        v[nv].hb = hb;
+        v[nv].portable = k == 1;
+        v[nv].splits = paths_hb_splits[i];
+        nv++;
+      }
+  }
   char seen[BENCH_MAX_VARIANTS][SMLA_DESCRIBE_MAX];
   int nseen = 0;
   *n = 0;
@@ -929,7 +952,8 @@ static int bench_paths_shape(const tool_device *d, const bench_opts *o, const be
     const uint32_t flags = (v[i].portable ? SMLA_PLAN_PORTABLE : 0u) |
                            (v[i].separate ? SMLA_PLAN_SEPARATE_MERGE : 0u);
     smla_plan *probe = NULL;
-    if (tool_plan(d, T, N, o->topk, o->dr, o->format, v[i].splits, flags, &probe)) return -1;
+    if (tool_plan(d, T, N, o->topk, o->dr, o->format, v[i].splits, v[i].hb, flags, &probe))
+      return -1;
     int dup = 0;
     for (int j = 0; j < nseen && !dup; j++)
       dup = strcmp(seen[j], smla_plan_describe(probe)) == 0;
@@ -1059,6 +1083,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
       want = "an integer 1..1000000";
       if (tool_parse_int(v, 1, 1000000, &x)) goto bad;
       o->splits = (int)x;
+    } else if (strcmp(a, "--heads-per-block") == 0) {
+      want = "8, 16, 32 or 64";
+      if (tool_parse_int(v, 8, 64, &x) || (x != 8 && x != 16 && x != 32 && x != 64)) goto bad;
+      o->hb = (int)x;
     } else if (strcmp(a, "--timing") == 0) {
       want = "amortized, cold or both";
       if (strcmp(v, "amortized") == 0) o->timing = TIMING_AMORTIZED;
@@ -1104,9 +1132,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
     return -1;
   }
   if (!o->timing) o->timing = o->device >= 0 ? TIMING_AMORTIZED | TIMING_COLD : TIMING_AMORTIZED;
-  if (o->paths && (o->splits || o->portable || o->separate)) {
+  if (o->paths && (o->splits || o->portable || o->separate || o->hb)) {
     fprintf(stderr, "smla bench: --paths tries every split and kernel itself: leave out "
-                    "--splits, --portable and --separate-merge\n");
+                    "--splits, --heads-per-block, --portable and --separate-merge\n");
     return -1;
   }
   if (o->two_call && !o->indices_bs) {

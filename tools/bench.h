@@ -78,9 +78,10 @@ int tool_write_rows(const tool_device *d, const smla_cache *cache, const uint16_
                     const uint16_t *k_pe, const int64_t *slot, int64_t num_rows);
 
 /* A plan of its own workspace for (max_tokens, N, K, Dr, format, forced splits or 0,
- * SMLA_PLAN_* flags). 0 ok, -1 (printed). */
+ * forced heads a block or 0, SMLA_PLAN_* flags). 0 ok, -1 (printed). */
 int tool_plan(const tool_device *d, int64_t max_tokens, int heads, int topk, int dr,
-              smla_cache_format format, int num_splits, uint32_t flags, smla_plan **plan);
+              smla_cache_format format, int num_splits, int heads_per_block, uint32_t flags,
+              smla_plan **plan);
 /* Forward params in the tool's layout: q one [T][N][Dc + Dr] bf16 buffer with q_pe inside
  * it after each head's latent (as engines pass a concatenated q), slots [T][K], out
  * [T][N][Dv] bf16, lse [T][N]; sm_scale 1/sqrt(Dqk). */

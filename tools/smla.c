@@ -448,7 +448,7 @@ static int cmd_check(int argc, char **argv) {
       tool_memset(&d, d_lse, 0xff, lse_bytes) || tool_memset(&d, d_bad, 0, sizeof(uint64_t)))
     goto done;
 
-  if (tool_plan(&d, T1, N, K, dr, o.format, 0, 0, &plan)) goto done;
+  if (tool_plan(&d, T1, N, K, dr, o.format, 0, 0, 0, &plan)) goto done;
   printf("plan: %s\n", smla_plan_describe(plan));
   smla_forward_params p;
   tool_forward_params(&p, T, N, K, &cache, d_q, d_slots, d_out, d_lse, d_bad);

@@ -130,6 +130,7 @@ class smla_plan_desc(ctypes.Structure):
         ("format", c_int),
         ("flags", c_uint32),
         ("num_splits", c_int),
+        ("heads_per_block", c_int),
     ]
 
 

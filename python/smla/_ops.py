@@ -313,13 +313,15 @@ class Plan:
     forward with T <= max_tokens of one (device, num_heads, topk, dr, format).
 
     Plan(num_heads, topk, dr=64, format="bf16", max_tokens=1, device="cpu", flags=0,
-         num_splits=0)
+         num_splits=0, heads_per_block=0)
       num_heads: N, 1..128.  topk: K >= 1 (index width per row).  dr: 64 or 0.
       format: "bf16", "fp8_tensor", "fp8_ds" (or smla.CACHE_*).
       max_tokens: the largest T it serves.  device: "cpu", "cuda", "cuda:N", an ordinal
       or a torch.device.  flags: smla.PLAN_BATCH_INVARIANT | smla.PLAN_PORTABLE |
       smla.PLAN_SEPARATE_MERGE.
       num_splits: KV splits per row (0 = the plan chooses per T).
+      heads_per_block: 0 (the plan chooses), or 8, 16, 32, 64 to force a block's head
+      group (CUDA; for A/B comparisons and tests).
 
     Make plans before CUDA graph capture (creation allocates and queries the device);
     forward() on a plan may then be captured and replayed. A CUDA plan's workspace comes
@@ -330,12 +332,12 @@ class Plan:
     was chosen and why; plan.close() (or `with`) frees it early."""
 
     def __init__(self, num_heads, topk, dr=64, format="bf16", max_tokens=1, device="cpu",
-                 flags=0, num_splits=0):
+                 flags=0, num_splits=0, heads_per_block=0):
         dev = device_index(device)
         fmt = format_code(format, "Plan")
         ctx = context(dev)
         desc = _lib.smla_plan_desc(int(max_tokens), int(num_heads), int(topk), int(dr), fmt,
-                                   int(flags), int(num_splits))
+                                   int(flags), int(num_splits), int(heads_per_block))
         if _capturing(dev):
             raise _lib.SmlaError(_lib.ERR_CAPTURING, (
                 "smla.Plan: cannot create a plan on %s during CUDA graph capture (plan "
@@ -368,6 +370,7 @@ class Plan:
         self.max_tokens = desc.max_tokens
         self.flags = desc.flags
         self.num_splits = desc.num_splits
+        self.heads_per_block = desc.heads_per_block
         self._params = _lib.smla_forward_params()
         self._addr = ctypes.addressof(self._params)
         with _lock:

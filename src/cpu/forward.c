@@ -243,8 +243,9 @@ smla_status smla_cpu_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   *workspace_bytes = (size_t)plan->num_threads * scratch_floats(d->num_heads) * sizeof(float);
   snprintf(plan->describe, sizeof plan->describe,
            "cpu: %d threads, one item per (row, head group), %d rows gathered per step, "
-           "heads grouped only when T < threads%s",
-           plan->num_threads, CHUNK, d->num_splits > 1 ? "; num_splits ignored (no KV split on CPU)" : "");
+           "heads grouped only when T < threads%s%s",
+           plan->num_threads, CHUNK, d->num_splits > 1 ? "; num_splits ignored (no KV split on CPU)" : "",
+           d->heads_per_block > 0 ? "; heads_per_block ignored" : "");
   return SMLA_OK;
 }
 

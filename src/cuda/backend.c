@@ -578,6 +578,17 @@ static int64_t small_head_generic_rows(int num_heads) {
   return num_heads <= 8 ? 0 : num_heads <= 16 ? 2 : 4;
 }
 
+/* Heads a block of the sm_90a kernels for N heads and a forced cap (0: none; the plan's
+ * desc.heads_per_block): the 64-head kernel for N > 32, else the fewest of 8, 16, 32 that
+ * hold N, each at most the cap; 0 where the small-head kernel this build has does not
+ * take that many (the generic kernel then). */
+static int sm90_heads(int num_heads, int cap) {
+  int hb = num_heads > 32 ? 64 : num_heads > 16 ? 32 : num_heads > 8 ? 16 : 8;
+  if (cap > 0 && hb > cap) hb = cap;
+  if (hb == 64) return 64;
+  return smla_cuda_fwd90_small_heads(hb) == hb ? hb : 0;
+}
+
 static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   smla_context *ctx = plan->ctx;
   const cuda_state *st = ctx->backend_state;
@@ -589,7 +600,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
    * 32 heads on the wgmma N axis: N <= 32 by default, SMLA_FWD90_SMALL), unless the
    * caller asks for the portable kernels; the generic 16/32-head blocks take the other
    * N <= 32, and the few rows where they are faster (small_t below). */
-  const int hb90 = d->num_heads > 32 ? 64 : smla_cuda_fwd90_small_heads(d->num_heads);
+  const int hb90 = sm90_heads(d->num_heads, d->heads_per_block);
   const uint32_t smem90 = hb90 ? smla_cuda_fwd90_smem_bytes(d->dr, hb90) : 0;
   const int sm90 = st->cc_major == 9 && st->cc_minor == 0 && d->format == SMLA_CACHE_BF16 &&
                    hb90 > 0 && !(d->flags & SMLA_PLAN_PORTABLE) &&
@@ -597,6 +608,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   /* Else heads per block: the fewest m16 tiles that hold N (at most 4 = 64 heads), then
    * the deepest pipeline that fits the device's shared memory; fewer heads if none fits. */
   int mtiles = d->num_heads <= 16 ? 1 : d->num_heads <= 32 ? 2 : 4;
+  while (d->heads_per_block > 0 && 16 * mtiles > d->heads_per_block && mtiles > 1) mtiles /= 2;
   int pipe = sm90 ? 2 : -1;
   while (!sm90) {
     const int deepest = 2, shallowest = d->format == SMLA_CACHE_BF16 ? 1 : 0;
@@ -731,7 +743,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
    * second plan (the portable kernels, the same policy) with its own workspace region,
    * which the forward hands T <= small_t_rows. Not under a forced split count or batch
    * invariance (a row's result would then depend on T through the kernel). */
-  const int64_t few = sm90 && hb90 < 64 && d->num_splits == 0 &&
+  const int64_t few = sm90 && hb90 < 64 && d->num_splits == 0 && d->heads_per_block == 0 &&
                               !(d->flags & SMLA_PLAN_BATCH_INVARIANT)
                           ? small_head_generic_rows(d->num_heads) : 0;
   if (few > 0) {

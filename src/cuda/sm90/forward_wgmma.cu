@@ -1054,7 +1054,7 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fw
   if (a->cluster_merge && (hb < 64 || a->num_splits < 2 || a->num_splits > 8 ||
                            a->cluster_merge != a->num_splits))
     return cudaErrorInvalidValue;
-  if (hb < 64 && smla_cuda_fwd90_small_heads(a->num_heads) != hb) return cudaErrorInvalidValue;
+  if (hb < 64 && smla_cuda_fwd90_small_heads(hb) != hb) return cudaErrorInvalidValue;
   cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t c = w_config((unsigned)blocks, hb < 64 ? 256u : (unsigned)W_BLOCK,
                                   smla_cuda_fwd90_smem_bytes(dr, hb),
