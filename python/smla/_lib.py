@@ -203,7 +203,7 @@ class smla_metadata_params(ctypes.Structure):
 # The sizes on LP64 (Linux x86_64 / aarch64), as the C compiler lays them out.
 EXPECTED_SIZES = {
     "smla_cache": 40, "smla_convert_params": 112, "smla_cache_write_params": 96,
-    "smla_plan_desc": 32, "smla_forward_params": 208, "smla_merge_params": 144,
+    "smla_plan_desc": 40, "smla_forward_params": 208, "smla_merge_params": 144,
     "smla_metadata_params": 56,
 }
 
