@@ -294,6 +294,9 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
 
   PROBE_DECL;
   PROBE_STAMP(0);
+#if SMLA_FWD_WARM_PARAMS
+  const uint32_t warm = param_warm_issue(a);
+#endif
 #if __CUDA_ARCH__ >= 900
   /* A programmatic dependent (a.pdl) may start while the stream's previous kernel still
    * runs: nothing global (inputs, outputs, workspace, counters) is touched before it has
@@ -302,6 +305,9 @@ __global__ void __launch_bounds__(FWD_THREADS, 1)
     griddep_wait();
     griddep_launch_dependents();
   }
+#endif
+#if SMLA_FWD_WARM_PARAMS
+  param_warm_keep(warm, sbase + L.warm);
 #endif
   PROBE_STAMP(1);
   const fwd_block blk = fwd_block_of(a);

@@ -191,6 +191,7 @@ typedef struct smla_cuda_fwd_layout {
   uint32_t rowmax; /* [16*mtiles] float: final row max */
   uint32_t mask;   /* [4][64] uint8: entry used, per tile (tile & 3) */
   uint32_t scale;  /* FP8_DS: [64][4] float group scales of the tile's rows (else empty) */
+  uint32_t warm;   /* [16] uint32 scratch, written only (SMLA_FWD_WARM_PARAMS) */
   uint32_t total;
   int kv_bufs, raw_bufs, raw_row, p_bufs;
 } smla_cuda_fwd_layout;
@@ -219,7 +220,8 @@ SMLA_CUDA_HD smla_cuda_fwd_layout smla_cuda_fwd_layout_of(int format, int dr, in
   l.rowmax = l.alpha + m * 4u;
   l.mask = l.rowmax + m * 4u;
   l.scale = l.mask + 4u * bn;
-  l.total = l.scale + (format == 2 ? bn * 16u : 0u);
+  l.warm = l.scale + (format == 2 ? bn * 16u : 0u);
+  l.total = l.warm + 64u;
   return l;
 }
 
