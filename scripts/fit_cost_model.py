@@ -32,7 +32,11 @@ DEFAULT = {
     "GEN_TILE_US_4": 5.1,
     "TILE_LATENCY_US": 1.75,     # the least a tile costs: one gather round trip
     "GATHER_FRAC": 1.05,         # gathered bytes per us, as a fraction of peak bandwidth
-    "BLOCK_FIXED_US": 7.9,
+    "BLOCK_FIXED_US": 7.9,       # a wave's fixed cost, generic kernel
+    "SM90_BLOCK_FIXED_US": 7.9,  # the 64-head wgmma kernel's
+    "SM90S_BLOCK_FIXED_US": 7.9, # the small-head kernel's
+    "GROUP_ROW_SHARE": 1.0,      # head groups past the first of a (row, split): the share of
+                                 # their rows that costs HBM bandwidth (0: all from L2)
     "COMBINE_FIXED_US": 0.0,
     "COMBINE_FRAC": 1.27,        # partial bytes (written + read) per us / peak
     "CLUSTER_MERGE_US": 8.0,
@@ -74,9 +78,12 @@ def model_us(c, kern, hb, N, T, K, row_bytes, s, merged, sms, peak, clusters=Non
     active = min(blocks, resident)
     waves = -(-blocks // resident)
     tile = max(tile_alone(c, kern, hb), c["TILE_LATENCY_US"])
-    mem = BN * row_bytes * active / (c["GATHER_FRAC"] * peak)
+    share = (1.0 + (groups - 1) * c["GROUP_ROW_SHARE"]) / groups
+    mem = BN * row_bytes * active * share / (c["GATHER_FRAC"] * peak)
     tile = max(tile, mem)
-    cost = c["FORWARD_FIXED_US"] + waves * (tps * tile + c["BLOCK_FIXED_US"])
+    fixed = c[{"sm90": "SM90_BLOCK_FIXED_US", "sm90s": "SM90S_BLOCK_FIXED_US"}.get(
+        kern, "BLOCK_FIXED_US")]
+    cost = c["FORWARD_FIXED_US"] + waves * (tps * tile + fixed)
     if merged:
         if kern == "sm90":
             cost += c["CLUSTER_MERGE_US"]
@@ -111,9 +118,11 @@ def load(files):
 
 
 def plan_kernels(N, T, per_t):
-    """The kernels the plan may choose from for N heads at T rows (the default build): the
+    """(kernel, heads a block) pairs, or kernels alone, the plan chooses from. The kernels the plan may choose from for N heads at T rows (the default build): the
     small-head kernel for N <= 32 but the fewest rows (backend.c, small_head_generic_rows),
     where the generic one; v11 above. per_t: both kernels for N <= 32, by the model."""
+    if per_t == "all":
+        return None
     if per_t and N <= 32:
         return {"sm90s", "gen"}
     if N <= 32:
@@ -138,7 +147,12 @@ def score(c, shapes, peak, kernels=None, per_t=False):
         allowed = plan_kernels(N, T, per_t)
         nt = -(-sh["K"] // BN)
         composite = any(nt % d == 0 for d in range(2, int(math.isqrt(nt)) + 1))
-        cand = [k for k in pred if k[0] in allowed and (not composite or nt % k[2] == 0)]
+        # today's plan: the kernel's own head group for N (the generic kernel's narrowest
+        # block is 16 heads); --per-t=all: narrower groups too
+        natural = 64 if N > 32 else 32 if N > 16 else 16 if N > 8 else 8
+        own = lambda k: k[1] == (max(natural, 16) if k[0] == "gen" else natural)
+        cand = [k for k in pred if (allowed is None or (k[0] in allowed and own(k)))
+                and (not composite or nt % k[2] == 0)]
         cand = cand or list(pred)  # (auto_splits: equal whole tiles where the count allows)
         pick = min(cand, key=lambda k: (pred[k], k[2], k[3]))
         best = min(paths.values())
@@ -157,8 +171,9 @@ def main():
                     help="the device's peak memory bandwidth, GB/s (H100 SXM 3352, H200 4800)")
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--kernels", default="", help="only these kernels (sm90,sm90s,gen)")
-    ap.add_argument("--per-t", action="store_true",
-                    help="N <= 32: the model also chooses the kernel (small-head or generic) per T")
+    ap.add_argument("--per-t", nargs="?", const="kernel", default="",
+                    help="N <= 32: the model also chooses the kernel (small-head or generic) "
+                    "per T; --per-t=all: every measured kernel and head group, per T")
     a = ap.parse_args()
     peak = a.peak_gbs * 1e3  # bytes per microsecond
     shapes = load(a.files)
