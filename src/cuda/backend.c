@@ -315,7 +315,13 @@ static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 3.1, 0.0, 5.1}; /* generic, 
 #define TILE_LATENCY_US 1.75       /* one gather round trip (one tile in flight per SM) */
 #define GATHER_FRAC 1.05           /* 1152-byte random rows over a 302 MB pool: above peak
                                       by the L2's hits (H100: 3.3-3.4 TB/s of rows) */
-#define BLOCK_FIXED_US 7.9         /* a wave's Q load, first tile's latency, epilogue */
+#define BLOCK_FIXED_US 7.9         /* a wave's Q load, first tile's latency, epilogue:
+                                      the generic kernel */
+#define SM90_BLOCK_FIXED_US 7.9    /* the 64-head wgmma kernel's */
+#define SM90S_BLOCK_FIXED_US 7.9   /* the small-head kernel's */
+#define GROUP_ROW_SHARE 1.0        /* head groups past the first of a (row, split) read the
+                                      same rows: the share of theirs that costs HBM
+                                      bandwidth (0: all from L2) */
 #define COMBINE_FIXED_US 0.0       /* the combine launched as a programmatic dependent */
 #define COMBINE_FRAC 1.27          /* partials written once and read once, mostly in L2 */
 #define CLUSTER_MERGE_US 8.0       /* sm90 in-kernel merge (2 cluster barriers, (S-1)/S of O
@@ -374,10 +380,13 @@ static double split_cost(const fwd_choice *c, const cuda_state *st, int num_head
   if (tile < TILE_LATENCY_US) tile = TILE_LATENCY_US;
   const double peak = st->mem_bytes_per_us > 0.0 ? st->mem_bytes_per_us
                                                  : DEFAULT_PEAK_BYTES_PER_US;
-  const double mem = (double)SMLA_CUDA_FWD_BN * c->gather_bytes * (double)active /
+  const double share = (1.0 + (c->groups - 1) * GROUP_ROW_SHARE) / c->groups;
+  const double mem = (double)SMLA_CUDA_FWD_BN * c->gather_bytes * (double)active * share /
                      (GATHER_FRAC * peak);
   if (tile < mem) tile = mem;
-  double cost = (double)waves * ((double)tps * tile + BLOCK_FIXED_US);
+  const double fixed = !c->sm90 ? BLOCK_FIXED_US
+                       : c->hb < 64 ? SM90S_BLOCK_FIXED_US : SM90_BLOCK_FIXED_US;
+  double cost = (double)waves * ((double)tps * tile + fixed);
   if (C)
     cost += c->sm90 ? CLUSTER_MERGE_US : DSMEM_MERGE_US + (s > C ? LAST_ARRIVER_US : 0.0);
   else if (s > 1)
