@@ -119,7 +119,7 @@ def load(files):
 
 def plan_kernels(N, T, per_t):
     """(kernel, heads a block) pairs, or kernels alone, the plan chooses from. The kernels the plan may choose from for N heads at T rows (the default build): the
-    small-head kernel for N <= 32 but the fewest rows (backend.c, small_head_generic_rows),
+    small-head kernel for N <= 32 but the fewest rows (backend.c, few_rows_of),
     where the generic one; v11 above. per_t: both kernels for N <= 32, by the model."""
     if per_t == "all":
         return None

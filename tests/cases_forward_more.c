@@ -145,7 +145,7 @@ static void c_t_below_max(t_case *tc) {
 
 /* One plan shape (up to 64 rows, on a caller workspace of exactly its size) at T on both
  * sides of the few rows that an sm_90 plan hands the generic kernel (backend.c,
- * small_head_generic_rows: T <= 2 for N = 16, T <= 4 for N = 32; the small-head kernel
+ * few_rows_of: T <= 2 for N = 16, T <= 4 for N = 32; the small-head kernel
  * above), each forward run twice on its plan: the two kernels' workspace regions must not
  * meet, and each must be right on its own. */
 static void c_small_t_plan(t_case *tc) {

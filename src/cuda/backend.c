@@ -573,8 +573,9 @@ static void merged_text(char *buf, size_t n, int sm90, int C, int s) {
     snprintf(buf, n, " merged in-kernel (%d clusters of %d)", s / C, C);
 }
 
-/* Rows at or below which the generic kernel is faster than the small-head sm90 kernel
- * for N heads (0: never), measured with `smla bench --paths` on an H100 (bench/RESULTS.md
+/* The plan for the fewest rows, where another kernel or head group is faster than the
+ * plan's own kernel for N heads (rows 0: none). The generic kernel is faster than the
+ * small-head sm90 kernel at these rows, measured with `smla bench --paths` on an H100 (bench/RESULTS.md
  * session 17, calls 2-3, amortized): N <= 8 the small-head kernel is faster at every T
  * (T = 1: 8.3-8.6 against 8.9 us); N = 16 the generic kernel at T = 1, 2 (9.8 / 10.9
  * against 10.2-10.4 / 11.3-11.5), the small-head one from T = 4 (13.6 against 13.9); N =
@@ -583,8 +584,16 @@ static void merged_text(char *buf, size_t n, int sm90, int C, int s) {
  * head kernel's fixed cost a forward is what differs (one compute warpgroup, its splits
  * merged by the combine): a crossover in T, not a bandwidth, so it holds for sm_90 cards
  * alike; re-measure it when either kernel changes. */
-static int64_t small_head_generic_rows(int num_heads) {
-  return num_heads <= 8 ? 0 : num_heads <= 16 ? 2 : 4;
+typedef struct few_rows_plan {
+  int64_t rows;    /* T <= rows take this plan (0: none) */
+  int portable;    /* 1: the generic kernel */
+  int hb;          /* heads a block (desc.heads_per_block; 0: the kernel's own) */
+} few_rows_plan;
+
+static few_rows_plan few_rows_of(int num_heads) {
+  few_rows_plan f = {0, 1, 0};
+  if (num_heads > 8 && num_heads <= 32) f.rows = num_heads <= 16 ? 2 : 4;
+  return f;
 }
 
 /* Heads a block of the sm_90a kernels for N heads and a forced cap (0: none; the plan's
@@ -752,15 +761,17 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
    * second plan (the portable kernels, the same policy) with its own workspace region,
    * which the forward hands T <= small_t_rows. Not under a forced split count or batch
    * invariance (a row's result would then depend on T through the kernel). */
-  const int64_t few = sm90 && hb90 < 64 && d->num_splits == 0 && d->heads_per_block == 0 &&
+  const few_rows_plan fr = few_rows_of(d->num_heads);
+  const int64_t few = sm90 && d->num_splits == 0 && d->heads_per_block == 0 &&
                               !(d->flags & SMLA_PLAN_BATCH_INVARIANT)
-                          ? small_head_generic_rows(d->num_heads) : 0;
+                          ? fr.rows : 0;
   if (few > 0) {
     smla_plan *g = calloc(1, sizeof *g);
     if (!g) return smla_set_error(ctx, SMLA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     g->ctx = ctx;
     g->desc = *d;
-    g->desc.flags |= SMLA_PLAN_PORTABLE;
+    if (fr.portable) g->desc.flags |= SMLA_PLAN_PORTABLE;
+    g->desc.heads_per_block = fr.hb;
     g->desc.max_tokens = few < d->max_tokens ? few : d->max_tokens;
     size_t g_bytes = 0;
     s = cuda_plan_init(g, &g_bytes);
@@ -774,8 +785,9 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
     plan->small_t_offset = (*workspace_bytes + 255) / 256 * 256;
     *workspace_bytes = plan->small_t_offset + g_bytes;
     const size_t n = strlen(plan->describe);
-    snprintf(plan->describe + n, sizeof plan->describe - n, "; T <= %lld: cuda-generic, "
-             "%d heads/block", (long long)plan->small_t_rows, g->heads_per_block);
+    snprintf(plan->describe + n, sizeof plan->describe - n, "; T <= %lld: %s, "
+             "%d heads/block", (long long)plan->small_t_rows,
+             g->kernel == KERNEL_SM90 ? "cuda-sm90" : "cuda-generic", g->heads_per_block);
   }
   return SMLA_OK;
 }

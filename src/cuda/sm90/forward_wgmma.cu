@@ -742,7 +742,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
  * and session 17 call 2, amortized): faster at every T for N = 8; from T = 4 for N = 16
  * and from T = 8 for N = 32 (11% at T = 1024 and 512), slower below (N = 32 T = 1: 13.3
  * against 11.9 us). The plan hands those few rows to the generic kernel (backend.c,
- * small_head_generic_rows). */
+ * few_rows_of). */
 #ifndef SMLA_FWD90_SMALL
 #define SMLA_FWD90_SMALL 2
 #endif
