@@ -575,8 +575,8 @@ static void merged_text(char *buf, size_t n, int sm90, int C, int s) {
 
 /* The plan for the fewest rows, where another kernel or head group is faster than the
  * plan's own kernel for N heads (rows 0: none). The generic kernel is faster than the
- * small-head sm90 kernel at these rows, measured with `smla bench --paths` on an H100 (bench/RESULTS.md
- * session 17, calls 2-3, amortized): N <= 8 the small-head kernel is faster at every T
+ * small-head sm90 kernel at these rows, measured with `smla bench --paths` on an H100
+ * (bench/RESULTS.md session 17, calls 2-3, amortized): N <= 8 the small-head kernel is faster at every T
  * (T = 1: 8.3-8.6 against 8.9 us); N = 16 the generic kernel at T = 1, 2 (9.8 / 10.9
  * against 10.2-10.4 / 11.3-11.5), the small-head one from T = 4 (13.6 against 13.9); N =
  * 32 the generic kernel to T = 4 (11.9 / 13.8 / 17.2 against 13.3 / 15.3 / 17.5), the

@@ -227,7 +227,6 @@ __device__ __forceinline__ fwd_row_out fwd_row_epilogue(const smla_cuda_fwd_args
   return r;
 }
 
-/* Adds the block's bad-slot count (each warp's lanes' counts) once per row: group 0. */
 /* SMLA_FWD_WARM_PARAMS (experiment, session 18): each warp issues one constant load into
  * its own 64-byte line of the launch's arguments (warp w: byte 64 w, the last warps the
  * last word) before the dependency wait, so that the lines the prologue reads after it,
@@ -250,6 +249,7 @@ __device__ __forceinline__ void param_warm_keep(uint32_t word, uint32_t scratch)
                  : "memory");
 }
 
+/* Adds the block's bad-slot count (each warp's lanes' counts) once per row: group 0. */
 __device__ __forceinline__ void fwd_count_bad(const smla_cuda_fwd_args &a, int grp,
                                               unsigned bad) {
   if (a.bad_inputs && grp == 0) {
