@@ -118,17 +118,23 @@ def load(files):
 
 
 def plan_kernels(N, T, per_t):
-    """(kernel, heads a block) pairs, or kernels alone, the plan chooses from. The kernels the plan may choose from for N heads at T rows (the default build): the
-    small-head kernel for N <= 32 but the fewest rows (backend.c, few_rows_of),
-    where the generic one; v11 above. per_t: both kernels for N <= 32, by the model."""
+    """The (kernel, heads a block) pairs the plan chooses from for N heads at T rows (the
+    default build; backend.c, few_rows_of): the kernel's own head group, but at the fewest
+    rows the second plan's. per_t: both kernels for N <= 32 at their own group, by the
+    model; "all": every measured kernel and head group, by the model (None)."""
     if per_t == "all":
         return None
+    natural = 64 if N > 32 else 32 if N > 16 else 16 if N > 8 else 8
+    own = {("sm90" if N > 32 else "sm90s", natural)}
     if per_t and N <= 32:
-        return {"sm90s", "gen"}
-    if N <= 32:
-        few = 0 if N <= 8 else 2 if N <= 16 else 4
-        return {"gen"} if T <= few else {"sm90s"}
-    return {"sm90"}
+        return own | {("gen", max(natural, 16))}
+    if 8 < N <= 16 and T <= 16:
+        return {("sm90s", 8)}
+    if 16 < N <= 32 and T <= 4:
+        return {("gen", 32)}
+    if 32 < N and T <= (8 if N <= 64 else 4):
+        return {("sm90s", 16)}
+    return own
 
 
 def score(c, shapes, peak, kernels=None, per_t=False):
@@ -147,11 +153,7 @@ def score(c, shapes, peak, kernels=None, per_t=False):
         allowed = plan_kernels(N, T, per_t)
         nt = -(-sh["K"] // BN)
         composite = any(nt % d == 0 for d in range(2, int(math.isqrt(nt)) + 1))
-        # today's plan: the kernel's own head group for N (the generic kernel's narrowest
-        # block is 16 heads); --per-t=all: narrower groups too
-        natural = 64 if N > 32 else 32 if N > 16 else 16 if N > 8 else 8
-        own = lambda k: k[1] == (max(natural, 16) if k[0] == "gen" else natural)
-        cand = [k for k in pred if (allowed is None or (k[0] in allowed and own(k)))
+        cand = [k for k in pred if (allowed is None or (k[0], k[1]) in allowed)
                 and (not composite or nt % k[2] == 0)]
         cand = cand or list(pred)  # (auto_splits: equal whole tiles where the count allows)
         pick = min(cand, key=lambda k: (pred[k], k[2], k[3]))

@@ -144,15 +144,15 @@ static void c_t_below_max(t_case *tc) {
 }
 
 /* One plan shape (up to 64 rows, on a caller workspace of exactly its size) at T on both
- * sides of the few rows that an sm_90 plan hands the generic kernel (backend.c,
- * few_rows_of: T <= 2 for N = 16, T <= 4 for N = 32; the small-head kernel
- * above), each forward run twice on its plan: the two kernels' workspace regions must not
- * meet, and each must be right on its own. */
+ * sides of the few rows that an sm_90 plan hands its second plan (backend.c, few_rows_of:
+ * T <= 16 for N = 16 in groups of 8, T <= 4 for N = 32 on the generic kernel, T <= 8 for
+ * N = 64 and T <= 4 for N = 128 in groups of 16), each forward run twice on its plan: the
+ * two plans' workspace regions must not meet, and each must be right on its own. */
 static void c_small_t_plan(t_case *tc) {
-  static const int heads[2] = {16, 32};
-  static const int64_t rows[3] = {1, 4, 6};
-  for (int n = 0; n < 2; n++)
-    for (int r = 0; r < 3; r++) {
+  static const int heads[4] = {16, 32, 64, 128};
+  static const int64_t rows[4] = {1, 4, 6, 20};
+  for (int n = 0; n < 4; n++)
+    for (int r = 0; r < 4; r++) {
       fwd_problem pb;
       if (setup(tc, &pb, rows[r], heads[n], 512, 64, SMLA_CACHE_BF16, 1) == 0) {
         pb.max_tokens = 64;

@@ -574,16 +574,26 @@ static void merged_text(char *buf, size_t n, int sm90, int C, int s) {
 }
 
 /* The plan for the fewest rows, where another kernel or head group is faster than the
- * plan's own kernel for N heads (rows 0: none). The generic kernel is faster than the
- * small-head sm90 kernel at these rows, measured with `smla bench --paths` on an H100
- * (bench/RESULTS.md session 17, calls 2-3, amortized): N <= 8 the small-head kernel is faster at every T
- * (T = 1: 8.3-8.6 against 8.9 us); N = 16 the generic kernel at T = 1, 2 (9.8 / 10.9
- * against 10.2-10.4 / 11.3-11.5), the small-head one from T = 4 (13.6 against 13.9); N =
- * 32 the generic kernel to T = 4 (11.9 / 13.8 / 17.2 against 13.3 / 15.3 / 17.5), the
- * small-head one from T = 8 (19.2 against 21.2; 401 against 453 at T = 512). The small-
- * head kernel's fixed cost a forward is what differs (one compute warpgroup, its splits
- * merged by the combine): a crossover in T, not a bandwidth, so it holds for sm_90 cards
- * alike; re-measure it when either kernel changes. */
+ * plan's own kernel for N heads (rows 0: none), measured with `smla bench --paths` on an
+ * H100 (amortized; bench/RESULTS.md session 18 call 1 for the narrower groups, session 17
+ * calls 2-3 for N = 17..32). At few rows most SMs idle, and more, narrower blocks (the
+ * small-head kernel's shorter one-tile chain, the groups past the first reading the same
+ * rows from L2) beat fewer wide ones:
+ * - N = 9..16: groups of 8 (two) on the small-head kernel at every measured T <= 16: T =
+ *   1 8.72 against 9.76 (generic, 16 heads) and 9.91 us (small-head, 16); T = 8 14.60
+ *   against 15.86; T = 16 21.01 against 22.50.
+ * - N = 17..32: the generic kernel to T = 4 (11.9 / 13.8 / 17.2 against 13.3 / 15.3 / 17.5
+ *   us on the small-head kernel at T = 1 / 2 / 4); narrower groups not measured yet.
+ * - N = 33..64: groups of 16 on the small-head kernel to T = 8: T = 1 11.73 against 15.80
+ *   (64-head kernel), T = 2 13.88 against 18.14 (groups of 8: 12.39), T = 4 15.01 against
+ *   20.60, T = 8 20.77 against 22.43; at T = 16 the 64-head kernel is within 5% (30.99
+ *   against 29.56 for groups of 32).
+ * - N = 65..128: groups of 16 to T = 4: T = 1 13.66 against 17.55, T = 2 14.60 against
+ *   19.50, T = 4 20.41 against 21.37; from T = 8 the 64-head kernel is the fastest.
+ * A crossover in T, set by fixed costs a block (not a bandwidth), so it holds for sm_90
+ * cards alike; the cost model does not yet rank kernels against each other (their fixed
+ * costs differ: scripts/fit_cost_model.py --per-t=all), so this is a table: re-measure it
+ * when a kernel changes. */
 typedef struct few_rows_plan {
   int64_t rows;    /* T <= rows take this plan (0: none) */
   int portable;    /* 1: the generic kernel */
@@ -591,8 +601,12 @@ typedef struct few_rows_plan {
 } few_rows_plan;
 
 static few_rows_plan few_rows_of(int num_heads) {
-  few_rows_plan f = {0, 1, 0};
-  if (num_heads > 8 && num_heads <= 32) f.rows = num_heads <= 16 ? 2 : 4;
+  few_rows_plan f = {0, 0, 0};
+  if (num_heads <= 8) return f;
+  if (num_heads <= 16) f.rows = 16, f.hb = 8;
+  else if (num_heads <= 32) f.rows = 4, f.portable = 1;
+  else if (num_heads <= 64) f.rows = 8, f.hb = 16;
+  else f.rows = 4, f.hb = 16;
   return f;
 }
 
@@ -757,9 +771,9 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
            (long long)d->max_tokens, s_max, m_max, st->sm_count,
            (st->mem_bytes_per_us > 0.0 ? st->mem_bytes_per_us : DEFAULT_PEAK_BYTES_PER_US) * 1e-6,
            st->mem_bytes_per_us > 0.0 ? "" : " assumed", (long long)cap, merge);
-  /* Few rows on the generic kernel where the small-head sm90 kernel is slower there: a
-   * second plan (the portable kernels, the same policy) with its own workspace region,
-   * which the forward hands T <= small_t_rows. Not under a forced split count or batch
+  /* The fewest rows on another kernel or narrower head groups where those are faster
+   * (few_rows_of): a second plan (the same policy) with its own workspace region, which
+   * the forward hands T <= small_t_rows. Not under a forced split count or batch
    * invariance (a row's result would then depend on T through the kernel). */
   const few_rows_plan fr = few_rows_of(d->num_heads);
   const int64_t few = sm90 && d->num_splits == 0 && d->heads_per_block == 0 &&

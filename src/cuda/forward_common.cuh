@@ -227,14 +227,19 @@ __device__ __forceinline__ fwd_row_out fwd_row_epilogue(const smla_cuda_fwd_args
   return r;
 }
 
-/* SMLA_FWD_WARM_PARAMS (experiment, session 18): each warp issues one constant load into
- * its own 64-byte line of the launch's arguments (warp w: byte 64 w, the last warps the
- * last word) before the dependency wait, so that the lines the prologue reads after it,
- * each a miss that stalls the warp, are already on chip: the ~400-byte argument block is a
- * new constant buffer every launch. param_warm_keep stores the word to the warp's own
- * word of a scratch region nothing reads (else the compiler drops the load). */
+/* The launch's arguments warmed (SMLA_FWD_WARM_PARAMS, default 1: the generic and the
+ * small-head kernels, both programmatic dependents): each warp issues one constant load
+ * into its own 64-byte line of the ~376-byte argument block (warp w: byte 64 w, the last
+ * warps the last word) before the dependency wait, so that the lines the prologue reads
+ * after it, each a miss that stalls its warp, come in under the wait: the block is a new
+ * constant buffer every launch. param_warm_keep stores the word to the warp's own word of
+ * a scratch region nothing reads (else the compiler drops the load). Measured (H100,
+ * bench/RESULTS.md session 18 call 1, two runs each): T = 1 N = 8 8.52 -> 8.37-8.42 us,
+ * N = 16 9.98 -> 9.84-9.86 amortized, cold 0.1-0.3 less; the 64-head kernel (a plain
+ * launch, no wait to hide under) 0.06-0.12 slower, so it does not warm. The prediction
+ * (0.5-1 us) missed: the 1.47 us before the first gathers are not mostly these misses. */
 #ifndef SMLA_FWD_WARM_PARAMS
-#define SMLA_FWD_WARM_PARAMS 0
+#define SMLA_FWD_WARM_PARAMS 1
 #endif
 __device__ __forceinline__ uint32_t param_warm_issue(const smla_cuda_fwd_args &a) {
   constexpr int WORDS = (int)(sizeof(smla_cuda_fwd_args) / 4);

@@ -70,7 +70,7 @@
 #define W_KB_BYTES 8192 /* one [64 rows][128 B] block of 64 bf16 columns */
 
 struct w_layout {
-  uint32_t q, kv, p, xm, red, rowmax, rowtop, mask, bar, warm, total;
+  uint32_t q, kv, p, xm, red, rowmax, rowtop, mask, bar, total;
 };
 
 __host__ __device__ constexpr w_layout w_layout_of(int dr) {
@@ -88,8 +88,7 @@ __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   l.rowtop = l.rowmax + 64u * 4u; /* [64] float: each row's largest logit (max_logit) */
   l.mask = l.rowtop + 64u * 4u;  /* at 64: [2] uint64, each stage's used-entry bits */
   l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], pready[2] (, full_b2[2]) */
-  l.warm = l.bar + 6u * 8u;      /* [16] uint32, written only (SMLA_FWD_WARM_PARAMS) */
-  l.total = l.warm + 64u;
+  l.total = l.bar + 6u * 8u;
   return l;
 }
 /* Both layouts, with the 1 KB slack that aligns the base, within the 227 KB opt-in (else
@@ -544,13 +543,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 
   /* A programmatic dependent (a.pdl) may be launched while the stream's previous kernel
    * still runs: nothing global is touched before it has completed (SMLA_FWD90_PDL). */
-#if SMLA_FWD_WARM_PARAMS
-  const uint32_t warm = param_warm_issue(a);
   if (a.pdl) griddep_wait();
-  param_warm_keep(warm, sbase + L.warm);
-#else
-  if (a.pdl) griddep_wait();
-#endif
   const fwd_block blk = fwd_block_of(a);
   const int64_t t = blk.t;
   const int grp = blk.grp, split = blk.split, ks = blk.ks, kend = blk.kend;
