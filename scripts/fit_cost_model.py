@@ -32,11 +32,14 @@ DEFAULT = {
     "GEN_TILE_US_4": 5.1,
     "TILE_LATENCY_US": 1.75,     # the least a tile costs: one gather round trip
     "GATHER_FRAC": 1.05,         # gathered bytes per us, as a fraction of peak bandwidth
-    "BLOCK_FIXED_US": 7.9,       # a wave's fixed cost, generic kernel
-    "SM90_BLOCK_FIXED_US": 7.9,  # the 64-head wgmma kernel's
-    "SM90S_BLOCK_FIXED_US": 7.9, # the small-head kernel's
-    "GROUP_ROW_SHARE": 1.0,      # head groups past the first of a (row, split): the share of
-                                 # their rows that costs HBM bandwidth (0: all from L2)
+    "BLOCK_FIXED_US": 7.9,       # a wave's fixed cost (the generic kernel's, and every
+                                 # kernel's in the C model)
+    # Candidate terms, not in the C model (at these values the replay is the C model's):
+    # per-kernel wave costs, and the share of their rows that head groups past the first of
+    # a (row, split) read from HBM (0: all from L2). --fit --per-t=all moves them.
+    "SM90_BLOCK_FIXED_US": 7.9,
+    "SM90S_BLOCK_FIXED_US": 7.9,
+    "GROUP_ROW_SHARE": 1.0,
     "COMBINE_FIXED_US": 0.0,
     "COMBINE_FRAC": 1.27,        # partial bytes (written + read) per us / peak
     "CLUSTER_MERGE_US": 8.0,

@@ -208,7 +208,7 @@ MUTANTS = [
       "const uint64_t um = umask[st] >> tig;",
       "sm90 v11: each thread reads the used-entry bits of the wrong columns",
       "forward,wide"),
-    # the small-head sm90 kernel (N <= 16 by default, swap-AB; session 16)
+    # the small-head sm90 kernel (N <= 32, and the fewest rows of N > 32 in groups of 16; swap-AB)
     M("gpu_small_pt_unswizzled", "gpu", "src/cuda/sm90/forward_wgmma.cu",
       "*(__nv_bfloat16 *)(pb + h * 128 + (((r >> 3) ^ (h & 7)) << 4) + 2 * (r & 7)) =",
       "*(__nv_bfloat16 *)(pb + h * 128 + ((r >> 3) << 4) + 2 * (r & 7)) =",

@@ -315,13 +315,7 @@ static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 3.1, 0.0, 5.1}; /* generic, 
 #define TILE_LATENCY_US 1.75       /* one gather round trip (one tile in flight per SM) */
 #define GATHER_FRAC 1.05           /* 1152-byte random rows over a 302 MB pool: above peak
                                       by the L2's hits (H100: 3.3-3.4 TB/s of rows) */
-#define BLOCK_FIXED_US 7.9         /* a wave's Q load, first tile's latency, epilogue:
-                                      the generic kernel */
-#define SM90_BLOCK_FIXED_US 7.9    /* the 64-head wgmma kernel's */
-#define SM90S_BLOCK_FIXED_US 7.9   /* the small-head kernel's */
-#define GROUP_ROW_SHARE 1.0        /* head groups past the first of a (row, split) read the
-                                      same rows: the share of theirs that costs HBM
-                                      bandwidth (0: all from L2) */
+#define BLOCK_FIXED_US 7.9         /* a wave's Q load, first tile's latency, epilogue */
 #define COMBINE_FIXED_US 0.0       /* the combine launched as a programmatic dependent */
 #define COMBINE_FRAC 1.27          /* partials written once and read once, mostly in L2 */
 #define CLUSTER_MERGE_US 8.0       /* sm90 in-kernel merge (2 cluster barriers, (S-1)/S of O
@@ -380,13 +374,10 @@ static double split_cost(const fwd_choice *c, const cuda_state *st, int num_head
   if (tile < TILE_LATENCY_US) tile = TILE_LATENCY_US;
   const double peak = st->mem_bytes_per_us > 0.0 ? st->mem_bytes_per_us
                                                  : DEFAULT_PEAK_BYTES_PER_US;
-  const double share = (1.0 + (c->groups - 1) * GROUP_ROW_SHARE) / c->groups;
-  const double mem = (double)SMLA_CUDA_FWD_BN * c->gather_bytes * (double)active * share /
+  const double mem = (double)SMLA_CUDA_FWD_BN * c->gather_bytes * (double)active /
                      (GATHER_FRAC * peak);
   if (tile < mem) tile = mem;
-  const double fixed = !c->sm90 ? BLOCK_FIXED_US
-                       : c->hb < 64 ? SM90S_BLOCK_FIXED_US : SM90_BLOCK_FIXED_US;
-  double cost = (double)waves * ((double)tps * tile + fixed);
+  double cost = (double)waves * ((double)tps * tile + BLOCK_FIXED_US);
   if (C)
     cost += c->sm90 ? CLUSTER_MERGE_US : DSMEM_MERGE_US + (s > C ? LAST_ARRIVER_US : 0.0);
   else if (s > 1)
@@ -631,7 +622,8 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
    * and N > 32 (64-head tiles), or the N the build gives the small-head kernel (8, 16 or
    * 32 heads on the wgmma N axis: N <= 32 by default, SMLA_FWD90_SMALL), unless the
    * caller asks for the portable kernels; the generic 16/32-head blocks take the other
-   * N <= 32, and the few rows where they are faster (small_t below). */
+   * N <= 32. desc.heads_per_block caps the heads a block (N then runs in several groups);
+   * the fewest rows may go to another kernel or head group (few_rows_of, small_t below). */
   const int hb90 = sm90_heads(d->num_heads, d->heads_per_block);
   const uint32_t smem90 = hb90 ? smla_cuda_fwd90_smem_bytes(d->dr, hb90) : 0;
   const int sm90 = st->cc_major == 9 && st->cc_minor == 0 && d->format == SMLA_CACHE_BF16 &&
