@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
-"""Fits the forward's split cost model (src/cuda/backend.c, split_cost) to `smla bench --paths
+"""Fits the forward's cost model (src/cuda/backend.c, split_cost) to `smla bench --paths
 --json` runs, and scores it the way issue 22 asks: for every measured shape, the measured time
-of the path the model would choose against the fastest measured path.
+of the path the plan would choose against the fastest measured path.
 
     python3 scripts/fit_cost_model.py paths.json [more.json ...] [--peak-gbs 3352] [--fit]
+        [--test held-out.json ...] [--per-t=all]
 
 Each row of a --paths run is one path: kernel (sm90 64-head, sm90 small-head, generic), heads
 a block, split count, merge (in the kernel or the combine kernel), and its median time. The
-model here is the C model line for line (DEFAULT: its constants, by name; the plan's kernel
-per N and T, and its splits of equal whole tiles). --fit moves every constant by
-multiplicative steps (coordinate descent) to the least rms log error over every measured
-path, then scores the choice; the rates are fractions of the device's peak memory bandwidth,
-which the plan reads from the device. Prints the constants to paste into backend.c, and a
-line per shape where the model's choice is more than 5% slower than the fastest path.
+model here is the C model line for line (DEFAULT: its constants, by name), and so is the
+choice: the few-rows chain (few_rows_chain: the model's cheapest of the plan's own kernel
+and the narrower head groups of both kernels at each T <= 32, in at most 3 runs), then the
+kernel's splits of equal whole tiles. Each run's shapes are scored apart. --fit moves every
+constant by multiplicative steps (coordinate descent, from DEFAULT) to the least regret of
+that choice plus half the rms log error of every path's time; the rates are fractions of
+the device's peak memory bandwidth, which the plan reads from the device. Prints the
+constants to paste into backend.c, a line per shape where the choice is more than 5% slower
+than the fastest path, and the chain each N gets for up to 64 rows.
+"""
 """
 import argparse
 import json
@@ -23,31 +28,37 @@ import sys
 BN = 64
 DC = 512
 
-# The model's constants (backend.c), the names the C code uses.
+# The model's constants (backend.c), the names the C code uses: the C model's values (the
+# fit starts from them).
 DEFAULT = {
-    "SM90_TILE_US": 2.0,         # 64-head wgmma tile, alone on its SM (SM90_TILE_COMPUTE_US)
-    "SM90_SMALL_TILE_US": 1.0,   # small-head tile, alone
-    "GEN_TILE_US_1": 1.0,        # generic kernel, by m16 tiles a block (TILE_COMPUTE_US[])
-    "GEN_TILE_US_2": 3.1,
-    "GEN_TILE_US_4": 5.1,
-    "TILE_LATENCY_US": 1.75,     # the least a tile costs: one gather round trip
-    "GATHER_FRAC": 1.05,         # gathered bytes per us, as a fraction of peak bandwidth
-    "BLOCK_FIXED_US": 7.9,       # a wave's fixed cost (the generic kernel's, and every
-                                 # kernel's in the C model)
-    # Candidate terms, not in the C model (at these values the replay is the C model's):
-    # per-kernel wave costs, and the share of their rows that head groups past the first of
-    # a (row, split) read from HBM (0: all from L2). --fit --per-t=all moves them.
-    "SM90_BLOCK_FIXED_US": 7.9,
-    "SM90S_BLOCK_FIXED_US": 7.9,
-    "GROUP_ROW_SHARE": 1.0,
+    "SM90_TILE_US": 1.67,             # 64-head wgmma tile alone (SM90_TILE_COMPUTE_US)
+    "SM90S_TILE_US_8": 1.00,          # small-head tiles by heads a block (SM90S_TILE_US[])
+    "SM90S_TILE_US_16": 1.26,
+    "SM90S_TILE_US_32": 1.23,
+    "GEN_TILE_US_1": 2.24,            # generic kernel, by m16 tiles a block (TILE_COMPUTE_US[])
+    "GEN_TILE_US_2": 2.85,
+    "GEN_TILE_US_4": 4.92,
+    "TILE_LATENCY_US": 1.03,          # the least a tile costs: one gather round trip
+    "GATHER_FRAC": 1.47,              # gathered bytes per us, as a fraction of peak bandwidth
+    "BLOCK_FIXED_US": 7.61,           # a wave's fixed cost: the generic kernel's,
+    "SM90_BLOCK_FIXED_US": 9.92,      # the 64-head kernel's,
+    "SM90S_BLOCK_FIXED_US_8": 3.59,   # the small-head kernel's by heads a block
+    "SM90S_BLOCK_FIXED_US_16": 4.64,
+    "SM90S_BLOCK_FIXED_US_32": 6.53,
+    "GROUP_ROW_SHARE": 0.56,          # the share of its rows that a head group past the first
+                                      # of a (row, split) reads at the gather rate
     "COMBINE_FIXED_US": 0.0,
-    "COMBINE_FRAC": 1.27,        # partial bytes (written + read) per us / peak
-    "CLUSTER_MERGE_US": 8.0,
-    "DSMEM_MERGE_US": 3.0,
-    "LAST_ARRIVER_US": 2.1,
-    "FORWARD_FIXED_US": 0.0,     # every path of a shape alike (launch, the graph's share):
-                                 # fits the times, never changes a choice; not in the C model
+    "COMBINE_FRAC": 1.10,             # partial bytes (written + read) per us / peak
+    "CLUSTER_MERGE_US": 4.96,
+    "DSMEM_MERGE_US": 0.0,
+    "LAST_ARRIVER_US": 0.84,
+    "FORWARD_FIXED_US": 0.0,          # every path of a shape alike (launch, the graph's
+                                      # share): fits the times, never changes a choice; not
+                                      # in the C model
 }
+
+FEW_ROWS_MAX = 32    # backend.c: the rows the plan may hand narrower head groups or the
+FEW_ROWS_LINKS = 3   # generic kernel, and at most this many such plans (runs of T)
 
 
 def parse_path(p):
@@ -63,8 +74,16 @@ def tile_alone(c, kern, hb):
     if kern == "sm90":
         return c["SM90_TILE_US"]
     if kern == "sm90s":
-        return c["SM90_SMALL_TILE_US"]
+        return c["SM90S_TILE_US_%d" % hb]
     return c["GEN_TILE_US_%d" % (hb // 16)]
+
+
+def block_fixed(c, kern, hb):
+    if kern == "sm90":
+        return c["SM90_BLOCK_FIXED_US"]
+    if kern == "sm90s":
+        return c["SM90S_BLOCK_FIXED_US_%d" % hb]
+    return c["BLOCK_FIXED_US"]
 
 
 def model_us(c, kern, hb, N, T, K, row_bytes, s, merged, sms, peak, clusters=None):
@@ -84,9 +103,7 @@ def model_us(c, kern, hb, N, T, K, row_bytes, s, merged, sms, peak, clusters=Non
     share = (1.0 + (groups - 1) * c["GROUP_ROW_SHARE"]) / groups
     mem = BN * row_bytes * active * share / (c["GATHER_FRAC"] * peak)
     tile = max(tile, mem)
-    fixed = c[{"sm90": "SM90_BLOCK_FIXED_US", "sm90s": "SM90S_BLOCK_FIXED_US"}.get(
-        kern, "BLOCK_FIXED_US")]
-    cost = c["FORWARD_FIXED_US"] + waves * (tps * tile + fixed)
+    cost = c["FORWARD_FIXED_US"] + waves * (tps * tile + block_fixed(c, kern, hb))
     if merged:
         if kern == "sm90":
             cost += c["CLUSTER_MERGE_US"]
@@ -99,8 +116,8 @@ def model_us(c, kern, hb, N, T, K, row_bytes, s, merged, sms, peak, clusters=Non
 
 
 def load(files):
-    shapes = {}
-    for fn in files:
+    shapes = {}  # (N, T, run): each run's shapes apart (runs on other cards differ by %)
+    for run, fn in enumerate(files):
         d = json.load(open(fn))
         m = d["meta"]
         sms = int(re.search(r"(\d+) SMs", m["device_name"]).group(1))
@@ -111,7 +128,7 @@ def load(files):
             if any(r["T"] <= int(x) for x in re.findall(r"; T <= (\d+):", r["path"])):
                 continue
             kern, hb, s, merged = parse_path(r["path"])
-            key = (r["N"], r["T"])
+            key = (r["N"], r["T"], run)
             sh = shapes.setdefault(key, {"K": m["topk"], "row_bytes": m["row_bytes"],
                                          "sms": sms, "paths": {}})
             cm = re.search(r"resident clusters of 2\.\.8: ([\d ]+)", r["path"])
@@ -125,30 +142,101 @@ def load(files):
     return shapes
 
 
-def plan_kernels(N, T, per_t):
-    """The (kernel, heads a block) pairs the plan chooses from for N heads at T rows (the
-    default build; backend.c, few_rows_of): the kernel's own head group, but at the fewest
-    rows the second plan's. per_t: both kernels for N <= 32 at their own group, by the
-    model; "all": every measured kernel and head group, by the model (None)."""
-    if per_t == "all":
-        return None
-    natural = 64 if N > 32 else 32 if N > 16 else 16 if N > 8 else 8
-    own = {("sm90" if N > 32 else "sm90s", natural)}
-    if per_t and N <= 32:
-        return own | {("gen", max(natural, 16))}
-    if 8 < N <= 16 and T <= 16:
-        return {("sm90s", 8)}
-    if 16 < N <= 32 and T <= 4:
-        return {("gen", 32)}
-    if 32 < N and T <= (8 if N <= 64 else 4):
-        return {("sm90s", 16)}
-    return own
+def natural_hb(N):
+    return 64 if N > 32 else 32 if N > 16 else 16 if N > 8 else 8
 
 
-def score(c, shapes, peak, kernels=None, per_t=False):
-    """Total regret (chosen / fastest - 1 over shapes), misses > 5%, log error."""
+def plan_configs(N):
+    """The plan's main (kernel, heads a block), then the few-rows candidates it weighs
+    (backend.c, few_rows_chain), in the C code's order: the small-head kernel in groups of
+    8, 16, 32 narrower than N's own, the generic kernel in groups of 16, 32, 64 (each at
+    most 8 groups; the generic kernel's own group is the widest that N needs)."""
+    nat = natural_hb(N)
+    main = ("sm90" if N > 32 else "sm90s", nat)
+    cands = [("sm90s", hb) for hb in (8, 16, 32) if hb < nat and -(-N // hb) <= 8]
+    cands += [("gen", hb) for hb in (16, 32, 64) if hb <= max(nat, 16) and -(-N // hb) <= 8]
+    return main, cands
+
+
+def model_best(c, kern, hb, N, T, sh, peak):
+    """auto_splits: the model's least cost over the splits of equal whole tiles (where the
+    tile count allows) and, where clusters can be resident, the in-kernel merge."""
+    nt = -(-sh["K"] // BN)
+    groups = -(-N // hb)
+    if T * groups >= 4 * sh["sms"]:
+        splits = [1]
+    else:
+        composite = any(nt % d == 0 for d in range(2, int(math.isqrt(nt)) + 1))
+        splits = [s for s in range(1, min(nt, 64) + 1)
+                  if -(-nt // -(-nt // s)) == s and (not composite or nt % s == 0)]
+    cl = sh.get("clusters", {}).get(kern) or {}
+    best = None
+    for s in splits:
+        ms = [False]
+        if kern == "sm90" and 2 <= s <= 8 and cl.get(s, 0) > 0:
+            ms.append(True)
+        if kern == "gen" and any(s % C == 0 and s // C <= 16 and cl.get(C, 0) > 0
+                                 for C in range(2, 9)):
+            ms.append(True)
+        for m in ms:
+            v = model_us(c, kern, hb, N, T, sh["K"], sh["row_bytes"], s, m, sh["sms"], peak,
+                         cl or None)
+            if best is None or v < best * 0.999:
+                best = v
+    return best
+
+
+def chain_picks(c, N, sh, peak):
+    """backend.c few_rows_chain: the model's choice at each T <= FEW_ROWS_MAX among the
+    plan's own kernel and the candidates (ties to the plan's own, then to the earlier)."""
+    main, cands = plan_configs(N)
+    picks = []
+    for t in range(1, FEW_ROWS_MAX + 1):
+        best, pick = model_best(c, main[0], main[1], N, t, sh, peak), main
+        for k in cands:
+            v = model_best(c, k[0], k[1], N, t, sh, peak)
+            if v < best * 0.999:
+                best, pick = v, k
+        picks.append(pick)
+    return picks
+
+
+def chain_runs(N, picks, R):
+    """[(kernel, hb), last row] for a plan of max_tokens R: the runs of T <= min(R,
+    FEW_ROWS_MAX), the first FEW_ROWS_LINKS up to the last that the plan does not win, less
+    the plan's own at the top."""
+    main = plan_configs(N)[0]
+    picks = picks[:R]
+    last = max((i for i, k in enumerate(picks) if k != main), default=-1)
+    runs = []
+    for i in range(last + 1):
+        if runs and runs[-1][0] == picks[i]:
+            runs[-1][1] = i + 1
+        elif len(runs) < FEW_ROWS_LINKS:
+            runs.append([picks[i], i + 1])
+        else:
+            break
+    while runs and runs[-1][0] == main:
+        runs.pop()
+    return runs
+
+
+def plan_config(N, T, picks):
+    """The (kernel, heads a block) that a plan made for max_tokens = T (smla bench's) runs
+    T rows on."""
+    for k, end in chain_runs(N, picks, T):
+        if T <= end:
+            return k
+    return plan_configs(N)[0]
+
+
+def score(c, shapes, peak, kernels=None, per_t=""):
+    """Total regret (chosen / fastest - 1 over shapes), misses > 5%, log error. The choice
+    is the C plan's (plan_config, then the config's split by the model); per_t="all": the
+    model's cheapest measured path of any kernel and head group."""
     regret, misses, err, n = 0.0, [], 0.0, 0
-    for (N, T), sh in sorted(shapes.items()):
+    picks = {}  # (N, run): the chain's choice per T, the same for every T of a run
+    for (N, T, run), sh in sorted(shapes.items()):
         paths = {k: v for k, v in sh["paths"].items() if not kernels or k[0] in kernels}
         if not paths:
             continue
@@ -158,12 +246,16 @@ def score(c, shapes, peak, kernels=None, per_t=False):
         for k in paths:
             err += math.log(pred[k] / paths[k]) ** 2
             n += 1
-        allowed = plan_kernels(N, T, per_t)
         nt = -(-sh["K"] // BN)
         composite = any(nt % d == 0 for d in range(2, int(math.isqrt(nt)) + 1))
-        cand = [k for k in pred if (allowed is None or (k[0], k[1]) in allowed)
-                and (not composite or nt % k[2] == 0)]
-        cand = cand or list(pred)  # (auto_splits: equal whole tiles where the count allows)
+        cand = [k for k in pred if not composite or nt % k[2] == 0]
+        if per_t != "all":
+            if (N, run) not in picks:
+                picks[(N, run)] = chain_picks(c, N, sh, peak)
+            cfg = plan_config(N, T, picks[(N, run)])
+            cand = [k for k in cand if (k[0], k[1]) == cfg]
+        if not cand:  # the plan's choice was not measured here
+            continue
         pick = min(cand, key=lambda k: (pred[k], k[2], k[3]))
         best = min(paths.values())
         r = paths[pick] / best
@@ -181,28 +273,37 @@ def main():
                     help="the device's peak memory bandwidth, GB/s (H100 SXM 3352, H200 4800)")
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--kernels", default="", help="only these kernels (sm90,sm90s,gen)")
-    ap.add_argument("--per-t", nargs="?", const="kernel", default="",
-                    help="N <= 32: the model also chooses the kernel (small-head or generic) "
-                    "per T; --per-t=all: every measured kernel and head group, per T")
+    ap.add_argument("--per-t", nargs="?", const="all", default="",
+                    help="--per-t=all: score the model's cheapest measured path of every "
+                    "kernel and head group (default: the C plan's choice, few-rows chain "
+                    "included)")
+    ap.add_argument("--test", nargs="*", default=[],
+                    help="runs held out of the fit: scored with the fitted constants")
     a = ap.parse_args()
     peak = a.peak_gbs * 1e3  # bytes per microsecond
     shapes = load(a.files)
     kernels = set(a.kernels.split(",")) if a.kernels else None
     c = dict(DEFAULT)
     if a.fit:
-        # Least rms log error of every measured path, by coordinate descent on each constant
-        # (multiplicative steps, halved when no constant moves); then the regret is scored.
-        names = list(c)
+        # Coordinate descent on each constant (multiplicative steps, halved when no constant
+        # moves) to the least regret of the model's ranking of every measured path (the
+        # --per-t=all choice: cheap to score, and what the plan's choices are made of) plus
+        # half the rms log error of every path's time (which keeps the constants physical
+        # where the ranking does not pin them).
+        def objective(cc):
+            r, _, e = score(cc, shapes, peak, kernels, a.per_t)
+            return r + 0.5 * e
+        names = [n for n in c if n != "FORWARD_FIXED_US"]
         c["FORWARD_FIXED_US"] = 5.0
         step = 0.4
-        cur = score(c, shapes, peak, kernels, a.per_t)[2]
+        cur = objective(c)
         while step > 0.01:
             moved = False
             for name in names:
                 for f in (1.0 + step, 1.0 / (1.0 + step)):
                     c2 = dict(c)
                     c2[name] = c[name] * f
-                    e = score(c2, shapes, peak, kernels, a.per_t)[2]
+                    e = objective(c2)
                     if e < cur - 1e-9:
                         c, cur, moved = c2, e, True
             if not moved:
@@ -214,6 +315,21 @@ def main():
     for N, T, r, pick, t_pick, fastest, best in misses:
         print("  N=%d T=%d: model picks %s (%.2f us), fastest %s (%.2f us), %.3fx"
               % (N, T, pick, t_pick, fastest, best, r))
+    for N in sorted({k[0] for k in shapes}):
+        sh = next(v for k, v in sorted(shapes.items()) if k[0] == N)
+        runs = chain_runs(N, chain_picks(c, N, sh, peak), 64)
+        print("N=%d, max_tokens 64: %s" % (N, "; ".join(
+            "T <= %d: %s, %d heads/block" % (end, "cuda-generic" if k[0] == "gen"
+                                              else "cuda-sm90", k[1])
+            for k, end in reversed(runs)) or "no few-rows chain"))
+    if a.test:
+        held = load(a.test)
+        reg, misses, err = score(c, held, peak, kernels, a.per_t)
+        print("held out: shapes %d; total regret %.3f; rms log error %.3f; misses > 5%%: %d"
+              % (len(held), reg, err, len(misses)))
+        for N, T, r, pick, t_pick, fastest, best in misses:
+            print("  N=%d T=%d: model picks %s (%.2f us), fastest %s (%.2f us), %.3fx"
+                  % (N, T, pick, t_pick, fastest, best, r))
     return 0
 
 

@@ -293,42 +293,52 @@ static smla_status cuda_merge(smla_context *ctx, const smla_merge_params *p, voi
 /* ---- plan: variant, splits, workspace -------------------------------------------------- */
 
 /* Cost model (microseconds): a forward of T rows in s splits of tps tiles is
- *   waves x (tps x tile + BLOCK_FIXED_US) + the merge,
+ *   waves x (tps x tile + the kernel's fixed cost a wave) + the merge,
  * tile = the largest of the kernel's tile time alone on its SM, one gather round trip
  * (TILE_LATENCY_US), and the active blocks' 64 rows each at GATHER_FRAC of the device's
- * peak memory bandwidth; the merge: the combine kernel (COMBINE_FIXED_US, the partial rows
- * written and read at COMBINE_FRAC of peak) or the in-kernel merge. It ranks paths; it does
- * not predict a launch's fixed cost, which every path of a shape pays alike.
- * Fitted by scripts/fit_cost_model.py to `smla bench --paths --timing amortized` (H100 SXM,
- * 3.35 TB/s peak, bench/RESULTS.md session 17 call 2: every split 1..32, in-kernel or
- * combine merge, both kernels, T = 1..512, N = 8, 16, 32, 64, 128; rms log error 0.18
- * against 0.41 with the constants before, which were fitted on an H200 to kernels since
- * replaced). The rates are fractions of the device's peak so that the model moves with
- * the card; the tile times are the H100's and hold for sm_90 cards alike. */
-static const double TILE_COMPUTE_US[5] = {0.0, 1.0, 3.1, 0.0, 5.1}; /* generic, by mtiles */
-/* The sm_90a kernels' tiles alone: v11's 64-head tile 2.0 us (T = 1, 1 to 32 tiles a
- * block: 1.8 us a tile from 8 tiles on); the small-head tile is below one gather round
- * trip (TILE_LATENCY_US sets it). */
-#define SM90_TILE_COMPUTE_US 2.0
-#define SM90_SMALL_TILE_US 1.0
+ * peak memory bandwidth, of which a head group past the first of its (row, split) reads
+ * GROUP_ROW_SHARE (the rest hits L2); the merge: the combine kernel (COMBINE_FIXED_US, the
+ * partial rows written and read at COMBINE_FRAC of peak) or the in-kernel merge. It ranks
+ * paths, of one kernel (the splits) and of several (the few-rows chain); it does not
+ * predict a launch's fixed cost, which every path of a shape pays alike.
+ * Fitted by scripts/fit_cost_model.py --fit to `smla bench --paths --timing amortized`
+ * (H100 SXM, 3.35 TB/s peak; bench/RESULTS.md session 17 calls 2-3 and session 18 call 1
+ * and session 19 call 2: every split 1..32, in-kernel or combine merge, every kernel, and
+ * the narrower head groups at T <= 32; N = 8..128, T = 1..512), to the least regret of the
+ * plan's choice plus half the rms log error of every path. The rates are fractions of the
+ * device's peak so that the model moves with the card; the tile times and fixed costs are
+ * the H100's and hold for sm_90 cards alike. */
+static const double TILE_COMPUTE_US[5] = {0.0, 2.24, 2.85, 0.0, 4.92}; /* generic, by mtiles */
+/* The sm_90a kernels' tiles alone: v11's 64-head tile; the small-head kernel's by heads a
+ * block (8, 16, 32); and each kernel's fixed cost a wave (Q load, the first tile's
+ * latency, the epilogue): the generic kernel's, v11's, the small-head kernel's by heads
+ * (3.6 us in groups of 8 against 6.5 in one group of 32: why narrower groups win at few
+ * rows). */
+#define SM90_TILE_COMPUTE_US 1.67
+static const double SM90S_TILE_US[3] = {1.0, 1.26, 1.23};
+#define BLOCK_FIXED_US 7.61
+#define SM90_BLOCK_FIXED_US 9.92
+static const double SM90S_BLOCK_FIXED_US[3] = {3.59, 4.64, 6.53};
+#define GROUP_ROW_SHARE 0.56
 #define KERNEL_SM90 16             /* plan->kernel: the wgmma kernel (else the generic pipe) */
-#define TILE_LATENCY_US 1.75       /* one gather round trip (one tile in flight per SM) */
-#define GATHER_FRAC 1.05           /* 1152-byte random rows over a 302 MB pool: above peak
-                                      by the L2's hits (H100: 3.3-3.4 TB/s of rows) */
-#define BLOCK_FIXED_US 7.9         /* a wave's Q load, first tile's latency, epilogue */
+#define TILE_LATENCY_US 1.03       /* one gather round trip (one tile in flight per SM) */
+#define GATHER_FRAC 1.47           /* 1152-byte random rows over a 302 MB pool: above peak
+                                      by the L2's hits (and it lumps what the model leaves
+                                      out: a ranking rate, not a measured one) */
 #define COMBINE_FIXED_US 0.0       /* the combine launched as a programmatic dependent */
-#define COMBINE_FRAC 1.27          /* partials written once and read once, mostly in L2 */
-#define CLUSTER_MERGE_US 8.0       /* sm90 in-kernel merge (2 cluster barriers, (S-1)/S of O
-                                      to L2 and back), as fitted: it keeps the model off it.
-                                      It beats the combine by 3-7% at 2 splits from T = 32
-                                      on, where 1 split is faster still but at N = 128 T =
-                                      32 (2 merged 50.2 us, the model's 8 splits 53.0) */
+#define COMBINE_FRAC 1.10          /* partials written once and read once, mostly in L2 */
+#define CLUSTER_MERGE_US 4.96      /* sm90 in-kernel merge (2 cluster barriers, (S-1)/S of O
+                                      to L2 and back), as fitted: it beats the combine by
+                                      3-7% at 2 splits from T = 32 on (N = 128 T = 32: 49.8
+                                      against 52.6 us), where the model still picks 2 through
+                                      the combine */
 #define DEFAULT_PEAK_BYTES_PER_US 2.0e6 /* a device that does not report its memory clock */
 /* The generic kernel's in-kernel merge: one cluster of C a row (2 cluster barriers, O over
  * distributed shared memory), and R > 1 clusters a row (slices to L2, a release and a
- * count, the last block's L2 round trip): fitted with the rest (session 17). */
-#define DSMEM_MERGE_US 3.0
-#define LAST_ARRIVER_US 2.1
+ * count, the last block's L2 round trip): fitted with the rest (the cluster's own cost
+ * went to 0: its residency limit, in split_cost, is what the runs show). */
+#define DSMEM_MERGE_US 0.0
+#define LAST_ARRIVER_US 0.84
 #define MAX_AUTO_SPLITS 64         /* beyond this the combine dominates */
 #define NO_SPLIT_WAVES 4           /* T * groups >= 4 waves of SMs: never split */
 
@@ -337,6 +347,7 @@ typedef struct fwd_choice {
   int sm90;           /* 1: the sm_90a wgmma kernel */
   int hb;             /* heads a block (sm90: 64, or the small-head kernel's 8..32) */
   double tile_us;     /* compute time of one 64-entry tile of one block */
+  double wave_us;     /* the kernel's fixed cost a wave */
   int groups;         /* head groups of 16 * mtiles heads */
   int ntiles;         /* ceil(K / 64) */
   int gather_bytes;   /* bytes gathered per cache row */
@@ -374,10 +385,11 @@ static double split_cost(const fwd_choice *c, const cuda_state *st, int num_head
   if (tile < TILE_LATENCY_US) tile = TILE_LATENCY_US;
   const double peak = st->mem_bytes_per_us > 0.0 ? st->mem_bytes_per_us
                                                  : DEFAULT_PEAK_BYTES_PER_US;
-  const double mem = (double)SMLA_CUDA_FWD_BN * c->gather_bytes * (double)active /
+  const double share = (1.0 + (c->groups - 1) * GROUP_ROW_SHARE) / c->groups;
+  const double mem = (double)SMLA_CUDA_FWD_BN * c->gather_bytes * (double)active * share /
                      (GATHER_FRAC * peak);
   if (tile < mem) tile = mem;
-  double cost = (double)waves * ((double)tps * tile + BLOCK_FIXED_US);
+  double cost = (double)waves * ((double)tps * tile + c->wave_us);
   if (C)
     cost += c->sm90 ? CLUSTER_MERGE_US : DSMEM_MERGE_US + (s > C ? LAST_ARRIVER_US : 0.0);
   else if (s > 1)
@@ -443,8 +455,11 @@ static void plan_choice(const smla_plan *plan, fwd_choice *c) {
   c->sm90 = plan->kernel == KERNEL_SM90;
   c->hb = plan->heads_per_block;
   c->cfg.pipe = c->sm90 ? 2 : plan->kernel;
+  const int small = c->hb == 8 ? 0 : c->hb == 16 ? 1 : 2; /* the small-head kernel's */
   c->tile_us = !c->sm90 ? TILE_COMPUTE_US[c->cfg.mtiles]
-               : c->hb < 64 ? SM90_SMALL_TILE_US : SM90_TILE_COMPUTE_US;
+               : c->hb < 64 ? SM90S_TILE_US[small] : SM90_TILE_COMPUTE_US;
+  c->wave_us = !c->sm90 ? BLOCK_FIXED_US
+               : c->hb < 64 ? SM90S_BLOCK_FIXED_US[small] : SM90_BLOCK_FIXED_US;
   c->groups = (int)ceil_div(plan->desc.num_heads, plan->heads_per_block);
   c->ntiles = (int)ceil_div(plan->desc.topk, SMLA_CUDA_FWD_BN);
   c->gather_bytes = (int)smla_cache_row_size(plan->desc.format, plan->desc.dr);
@@ -564,41 +579,39 @@ static void merged_text(char *buf, size_t n, int sm90, int C, int s) {
     snprintf(buf, n, " merged in-kernel (%d clusters of %d)", s / C, C);
 }
 
-/* The plan for the fewest rows, where another kernel or head group is faster than the
- * plan's own kernel for N heads (rows 0: none), measured with `smla bench --paths` on an
- * H100 (amortized; bench/RESULTS.md session 18 call 1 for the narrower groups, session 17
- * calls 2-3 for N = 17..32). At few rows most SMs idle, and more, narrower blocks (the
- * small-head kernel's shorter one-tile chain, the groups past the first reading the same
- * rows from L2) beat fewer wide ones:
- * - N = 9..16: groups of 8 (two) on the small-head kernel at every measured T <= 16: T =
- *   1 8.72 against 9.76 (generic, 16 heads) and 9.91 us (small-head, 16); T = 8 14.60
- *   against 15.86; T = 16 21.01 against 22.50.
- * - N = 17..32: the generic kernel to T = 4 (11.9 / 13.8 / 17.2 against 13.3 / 15.3 / 17.5
- *   us on the small-head kernel at T = 1 / 2 / 4); narrower groups not measured yet.
- * - N = 33..64: groups of 16 on the small-head kernel to T = 8: T = 1 11.73 against 15.80
- *   (64-head kernel), T = 2 13.88 against 18.14 (groups of 8: 12.39), T = 4 15.01 against
- *   20.60, T = 8 20.77 against 22.43; at T = 16 the 64-head kernel is within 5% (30.99
- *   against 29.56 for groups of 32).
- * - N = 65..128: groups of 16 to T = 4: T = 1 13.66 against 17.55, T = 2 14.60 against
- *   19.50, T = 4 20.41 against 21.37; from T = 8 the 64-head kernel is the fastest.
- * A crossover in T, set by fixed costs a block (not a bandwidth), so it holds for sm_90
- * cards alike; the cost model does not yet rank kernels against each other (their fixed
- * costs differ: scripts/fit_cost_model.py --per-t=all), so this is a table: re-measure it
- * when a kernel changes. */
-typedef struct few_rows_plan {
-  int64_t rows;    /* T <= rows take this plan (0: none) */
-  int portable;    /* 1: the generic kernel */
-  int hb;          /* heads a block (desc.heads_per_block; 0: the kernel's own) */
-} few_rows_plan;
+/* The fewest rows: at few rows most SMs idle, and more, narrower blocks (the small-head
+ * kernel's shorter one-tile chain, the groups past the first reading the same rows from
+ * L2), or the generic kernel's, can beat the plan's own kernel (H100, bench/RESULTS.md
+ * session 19 call 2: N = 32 T = 4 in groups of 8 12.79 us against 17.09 in one group of
+ * 32; N = 128 T = 1 in groups of 16 13.53 against 17.55 on the 64-head kernel). An sm_90
+ * plan (its own head group and splits) weighs, at each T <= FEW_ROWS_MAX, its own kernel
+ * against plans of the same shape in narrower groups (8, 16, 32 heads on the small-head
+ * kernel; 16, 32, 64 on the generic one; at most 8 groups), by the cost model, and hands
+ * each run of T that another wins to a plan of that kernel and group (the few-rows
+ * chain: plan->small_t, whose own small_t takes the run below it, each with its own
+ * workspace region). FEW_ROWS_MAX: what smla bench --paths measures the narrower groups
+ * to; FEW_ROWS_LINKS: the runs kept (the model has never made more than 2 on the
+ * measured shapes). Not under a forced split count, a forced head group or batch
+ * invariance (a row's result would then depend on T through the kernel). */
+#define FEW_ROWS_MAX 32
+#define FEW_ROWS_LINKS 3
+#define FEW_ROWS_CANDIDATES 6
 
-static few_rows_plan few_rows_of(int num_heads) {
-  few_rows_plan f = {0, 0, 0};
-  if (num_heads <= 8) return f;
-  if (num_heads <= 16) f.rows = 16, f.hb = 8;
-  else if (num_heads <= 32) f.rows = 4, f.portable = 1;
-  else if (num_heads <= 64) f.rows = 8, f.hb = 16;
-  else f.rows = 4, f.hb = 16;
-  return f;
+typedef struct few_rows_cand {
+  int portable; /* 1: the generic kernel */
+  int hb;       /* heads a block (desc.heads_per_block) */
+} few_rows_cand;
+
+/* The candidates for N heads, in the order ties go (after the plan's own kernel). */
+static int few_rows_candidates(int num_heads, few_rows_cand *out) {
+  const int own = num_heads > 32 ? 64 : num_heads > 16 ? 32 : num_heads > 8 ? 16 : 8;
+  int n = 0;
+  for (int hb = 8; hb <= 32; hb *= 2)
+    if (hb < own && ceil_div(num_heads, hb) <= 8) out[n++] = (few_rows_cand){0, hb};
+  for (int hb = 16; hb <= 64; hb *= 2)
+    if (hb <= (own > 16 ? own : 16) && ceil_div(num_heads, hb) <= 8)
+      out[n++] = (few_rows_cand){1, hb};
+  return n;
 }
 
 /* Heads a block of the sm_90a kernels for N heads and a forced cap (0: none; the plan's
@@ -612,6 +625,140 @@ static int sm90_heads(int num_heads, int cap) {
   return smla_cuda_fwd90_small_heads(hb) == hb ? hb : 0;
 }
 
+static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes);
+
+/* Modelled microseconds of T rows on a plan: its split of T (the table) by split_cost. */
+static double plan_cost(const smla_plan *plan, const cuda_state *st, int64_t T) {
+  fwd_choice c;
+  plan_choice(plan, &c);
+  int split_len, merged;
+  const int s = plan_splits(plan, &c, T, &split_len, &merged);
+  return split_cost(&c, st, plan->desc.num_heads, T, s, ceil_div(c.ntiles, s), merged);
+}
+
+/* A plan's few-rows chain, and a sub-plan with it (host memory only: no workspace yet). */
+static void sub_plan_free(smla_plan *g) {
+  while (g) {
+    smla_plan *below = g->small_t;
+    free(g->split_table);
+    free(g);
+    g = below;
+  }
+}
+
+/* A plan of plan's shape and policy for T <= rows on the generic kernel (portable) or the
+ * sm_90a kernels, in groups of hb heads; *bytes: its workspace. */
+static smla_status sub_plan(const smla_plan *plan, int portable, int hb, int64_t rows,
+                            smla_plan **out, size_t *bytes) {
+  *out = NULL;
+  *bytes = 0;
+  smla_plan *g = calloc(1, sizeof *g);
+  if (!g)
+    return smla_set_error(plan->ctx, SMLA_ERR_OUT_OF_MEMORY, "smla_plan_create: out of "
+                          "host memory");
+  g->ctx = plan->ctx;
+  g->desc = plan->desc;
+  if (portable) g->desc.flags |= SMLA_PLAN_PORTABLE;
+  g->desc.heads_per_block = hb;
+  g->desc.max_tokens = rows;
+  const smla_status s = cuda_plan_init(g, bytes);
+  if (s != SMLA_OK) {
+    sub_plan_free(g);
+    return s;
+  }
+  *out = g;
+  return SMLA_OK;
+}
+
+/* Builds plan's few-rows chain (see FEW_ROWS_MAX) after the plan itself is made: the
+ * candidates are planned for T <= FEW_ROWS_MAX, the model picks one per T (ties to the
+ * plan's own kernel, then to the earlier candidate), and each of the first FEW_ROWS_LINKS
+ * runs of T up to the last that the plan does not win gets a plan made for its rows.
+ * Grows *workspace_bytes by the chain's regions; adds "; T <= R: kernel, H heads/block"
+ * to the description for each link, from the top. */
+static smla_status few_rows_chain(smla_plan *plan, const cuda_state *st,
+                                  size_t *workspace_bytes) {
+  const smla_plan_desc *d = &plan->desc;
+  const int64_t R = d->max_tokens < FEW_ROWS_MAX ? d->max_tokens : FEW_ROWS_MAX;
+  few_rows_cand cand[FEW_ROWS_CANDIDATES];
+  const int nc = few_rows_candidates(d->num_heads, cand);
+  smla_plan *g[FEW_ROWS_CANDIDATES] = {0};
+  smla_status s = SMLA_OK;
+  for (int k = 0; k < nc && s == SMLA_OK; k++) {
+    size_t bytes;
+    s = sub_plan(plan, cand[k].portable, cand[k].hb, R, &g[k], &bytes);
+    /* a candidate this device or build plans as another kernel or group: not weighed (the
+     * small-head kernel built without that group, too little shared memory) */
+    if (s == SMLA_OK && ((g[k]->kernel == KERNEL_SM90) == cand[k].portable ||
+                         g[k]->heads_per_block != cand[k].hb)) {
+      sub_plan_free(g[k]);
+      g[k] = NULL;
+    }
+  }
+  int8_t pick[FEW_ROWS_MAX]; /* by T - 1: a candidate, or -1 for the plan itself */
+  int64_t last = 0;
+  for (int64_t T = 1; T <= R && s == SMLA_OK; T++) {
+    double best = plan_cost(plan, st, T);
+    pick[T - 1] = -1;
+    for (int k = 0; k < nc; k++) {
+      const double v = g[k] ? plan_cost(g[k], st, T) : best;
+      if (v < best * 0.999) {
+        best = v;
+        pick[T - 1] = (int8_t)k;
+      }
+    }
+    if (pick[T - 1] >= 0) last = T;
+  }
+  for (int k = 0; k < nc; k++) sub_plan_free(g[k]);
+  if (s != SMLA_OK) return s;
+  int run_k[FEW_ROWS_LINKS];
+  int64_t run_end[FEW_ROWS_LINKS];
+  int nr = 0;
+  for (int64_t T = 1; T <= last; T++) {
+    if (nr > 0 && run_k[nr - 1] == pick[T - 1]) {
+      run_end[nr - 1] = T;
+      continue;
+    }
+    if (nr == FEW_ROWS_LINKS) break;
+    run_k[nr] = pick[T - 1];
+    run_end[nr++] = T;
+  }
+  while (nr > 0 && run_k[nr - 1] < 0) nr--; /* the plan's own kernel above the last link */
+  smla_plan *below = NULL;
+  size_t below_bytes = 0;
+  for (int i = 0; i < nr; i++) { /* bottom up: each link holds the one below it */
+    const int k = run_k[i];
+    smla_plan *link;
+    size_t bytes;
+    s = sub_plan(plan, k >= 0 ? cand[k].portable : 0,
+                 k >= 0 ? cand[k].hb : plan->heads_per_block, run_end[i], &link, &bytes);
+    if (s != SMLA_OK) {
+      sub_plan_free(below);
+      return s;
+    }
+    if (below) {
+      link->small_t = below;
+      link->small_t_rows = below->desc.max_tokens;
+      link->small_t_offset = (bytes + 255) / 256 * 256;
+      bytes = link->small_t_offset + below_bytes;
+    }
+    below = link;
+    below_bytes = bytes;
+  }
+  if (!below) return SMLA_OK;
+  plan->small_t = below;
+  plan->small_t_rows = below->desc.max_tokens;
+  plan->small_t_offset = (*workspace_bytes + 255) / 256 * 256;
+  *workspace_bytes = plan->small_t_offset + below_bytes;
+  for (const smla_plan *l = plan->small_t; l; l = l->small_t) {
+    const size_t n = strlen(plan->describe);
+    snprintf(plan->describe + n, sizeof plan->describe - n, "; T <= %lld: %s, "
+             "%d heads/block", (long long)l->desc.max_tokens,
+             l->kernel == KERNEL_SM90 ? "cuda-sm90" : "cuda-generic", l->heads_per_block);
+  }
+  return SMLA_OK;
+}
+
 static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   smla_context *ctx = plan->ctx;
   const cuda_state *st = ctx->backend_state;
@@ -623,7 +770,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
    * 32 heads on the wgmma N axis: N <= 32 by default, SMLA_FWD90_SMALL), unless the
    * caller asks for the portable kernels; the generic 16/32-head blocks take the other
    * N <= 32. desc.heads_per_block caps the heads a block (N then runs in several groups);
-   * the fewest rows may go to another kernel or head group (few_rows_of, small_t below). */
+   * the fewest rows may go to another kernel or head group (few_rows_chain). */
   const int hb90 = sm90_heads(d->num_heads, d->heads_per_block);
   const uint32_t smem90 = hb90 ? smla_cuda_fwd90_smem_bytes(d->dr, hb90) : 0;
   const int sm90 = st->cc_major == 9 && st->cc_minor == 0 && d->format == SMLA_CACHE_BF16 &&
@@ -763,38 +910,11 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
            (long long)d->max_tokens, s_max, m_max, st->sm_count,
            (st->mem_bytes_per_us > 0.0 ? st->mem_bytes_per_us : DEFAULT_PEAK_BYTES_PER_US) * 1e-6,
            st->mem_bytes_per_us > 0.0 ? "" : " assumed", (long long)cap, merge);
-  /* The fewest rows on another kernel or narrower head groups where those are faster
-   * (few_rows_of): a second plan (the same policy) with its own workspace region, which
-   * the forward hands T <= small_t_rows. Not under a forced split count or batch
-   * invariance (a row's result would then depend on T through the kernel). */
-  const few_rows_plan fr = few_rows_of(d->num_heads);
-  const int64_t few = sm90 && d->num_splits == 0 && d->heads_per_block == 0 &&
-                              !(d->flags & SMLA_PLAN_BATCH_INVARIANT)
-                          ? fr.rows : 0;
-  if (few > 0) {
-    smla_plan *g = calloc(1, sizeof *g);
-    if (!g) return smla_set_error(ctx, SMLA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-    g->ctx = ctx;
-    g->desc = *d;
-    if (fr.portable) g->desc.flags |= SMLA_PLAN_PORTABLE;
-    g->desc.heads_per_block = fr.hb;
-    g->desc.max_tokens = few < d->max_tokens ? few : d->max_tokens;
-    size_t g_bytes = 0;
-    s = cuda_plan_init(g, &g_bytes);
-    if (s != SMLA_OK) {
-      free(g->split_table);
-      free(g);
-      return s;
-    }
-    plan->small_t = g;
-    plan->small_t_rows = g->desc.max_tokens;
-    plan->small_t_offset = (*workspace_bytes + 255) / 256 * 256;
-    *workspace_bytes = plan->small_t_offset + g_bytes;
-    const size_t n = strlen(plan->describe);
-    snprintf(plan->describe + n, sizeof plan->describe - n, "; T <= %lld: %s, "
-             "%d heads/block", (long long)plan->small_t_rows,
-             g->kernel == KERNEL_SM90 ? "cuda-sm90" : "cuda-generic", g->heads_per_block);
-  }
+  /* The fewest rows on other kernels or narrower head groups where the model says those
+   * are faster (few_rows_chain). */
+  if (sm90 && d->num_splits == 0 && d->heads_per_block == 0 &&
+      !(d->flags & SMLA_PLAN_BATCH_INVARIANT))
+    return few_rows_chain(plan, st, workspace_bytes);
   return SMLA_OK;
 }
 

@@ -734,9 +734,9 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
  * takes N <= 32). Against the generic kernel (H100, bench/RESULTS.md session 16 call 2
  * and session 17 call 2, amortized): faster at every T for N = 8; from T = 4 for N = 16
  * and from T = 8 for N = 32 (11% at T = 1024 and 512), slower below (N = 32 T = 1: 13.3
- * against 11.9 us). The plan's few-rows table (backend.c, few_rows_of) hands the fewest
- * rows of N = 17..32 to the generic kernel, and those of N = 9..16 and N > 32 to this
- * kernel in narrower head groups (8 or 16 heads a block, several groups). */
+ * against 11.9 us). The plan's few-rows chain (backend.c, few_rows_chain) weighs, by the
+ * cost model, this kernel in narrower head groups (8, 16 or 32 heads a block, several
+ * groups) and the generic kernel against the plan's own at T <= 32. */
 #ifndef SMLA_FWD90_SMALL
 #define SMLA_FWD90_SMALL 2
 #endif
