@@ -18,7 +18,6 @@ the device's peak memory bandwidth, which the plan reads from the device. Prints
 constants to paste into backend.c, a line per shape where the choice is more than 5% slower
 than the fastest path, and the chain each N gets for up to 64 rows.
 """
-"""
 import argparse
 import json
 import math
