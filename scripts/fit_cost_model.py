@@ -130,6 +130,9 @@ def load(files):
             key = (r["N"], r["T"], run)
             sh = shapes.setdefault(key, {"K": m["topk"], "row_bytes": m["row_bytes"],
                                          "sms": sms, "paths": {}})
+            pm = re.search(r"SMs, ([\d.]+) TB/s\)", r["path"])
+            if pm and "peak" not in sh:  # the peak the plan read from the device (2 digits)
+                sh["peak"] = float(pm.group(1)) * 1e6
             cm = re.search(r"resident clusters of 2\.\.8: ([\d ]+)", r["path"])
             if cm:  # the capacities the plan found, by kernel
                 sh.setdefault("clusters", {})[kern] = {
@@ -158,6 +161,7 @@ def plan_configs(N):
 
 
 def model_best(c, kern, hb, N, T, sh, peak):
+    peak = sh.get("peak", peak)
     """auto_splits: the model's least cost over the splits of equal whole tiles (where the
     tile count allows) and, where clusters can be resident, the in-kernel merge."""
     nt = -(-sh["K"] // BN)
@@ -240,8 +244,9 @@ def score(c, shapes, peak, kernels=None, per_t=""):
         if not paths:
             continue
         cl = sh.get("clusters", {})
+        pk = sh.get("peak", peak)
         pred = {k: model_us(c, k[0], k[1], N, T, sh["K"], sh["row_bytes"], k[2], k[3],
-                            sh["sms"], peak, cl.get(k[0])) for k in paths}
+                            sh["sms"], pk, cl.get(k[0])) for k in paths}
         for k in paths:
             err += math.log(pred[k] / paths[k]) ** 2
             n += 1
@@ -269,7 +274,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--peak-gbs", type=float, default=3352.0,
-                    help="the device's peak memory bandwidth, GB/s (H100 SXM 3352, H200 4800)")
+                    help="the device's peak memory bandwidth, GB/s, for runs whose plans do not "
+                    "print it (H100 SXM 3352, H200 4800)")
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--kernels", default="", help="only these kernels (sm90,sm90s,gen)")
     ap.add_argument("--per-t", nargs="?", const="all", default="",
