@@ -590,8 +590,10 @@ static void merged_text(char *buf, size_t n, int sm90, int C, int s) {
  * each run of T that another wins to a plan of that kernel and group (the few-rows
  * chain: plan->small_t, whose own small_t takes the run below it, each with its own
  * workspace region). FEW_ROWS_MAX: what smla bench --paths measures the narrower groups
- * to; FEW_ROWS_LINKS: the runs kept (the model has never made more than 2 on the
- * measured shapes). Not under a forced split count, a forced head group or batch
+ * to; FEW_ROWS_LINKS: the runs kept (3 on the measured shapes: N = 64 in groups of 8,
+ * 16, 32; N = 16 on an H200 in 8, 16, 8, where the model's margins are 1-2%). Each
+ * candidate is planned twice (once to weigh it, once for its run's rows): plan time only.
+ * Not under a forced split count, a forced head group or batch
  * invariance (a row's result would then depend on T through the kernel). */
 #define FEW_ROWS_MAX 32
 #define FEW_ROWS_LINKS 3
