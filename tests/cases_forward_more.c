@@ -147,9 +147,8 @@ static void c_t_below_max(t_case *tc) {
  * sides of the runs of T that an sm_90 plan hands its few-rows chain (backend.c,
  * few_rows_chain: on an H100 and an H200, groups of 8 then 16 on the small-head kernel
  * for N = 32 to T = 8, of 8, 16, then 32 for N = 64 to T = 16), each forward run twice on
- * its plan: the plans'
- * workspace regions must not meet, and each must be right on its own. The describe names
- * every link, so a failure says which kernel ran. */
+ * its plan: the plans' workspace regions must not meet, and each must be right on its
+ * own. The describe names every link, so a failure says which kernel ran. */
 static smla_plan *plan_for(t_case *tc, smla_context *ctx, int64_t T, int N, int K, int dr,
                            smla_cache_format format, int splits, int hb, uint32_t flags);
 
