@@ -161,9 +161,9 @@ def plan_configs(N):
 
 
 def model_best(c, kern, hb, N, T, sh, peak):
-    peak = sh.get("peak", peak)
     """auto_splits: the model's least cost over the splits of equal whole tiles (where the
     tile count allows) and, where clusters can be resident, the in-kernel merge."""
+    peak = sh.get("peak", peak)
     nt = -(-sh["K"] // BN)
     groups = -(-N // hb)
     if T * groups >= 4 * sh["sms"]:
@@ -291,10 +291,10 @@ def main():
     c = dict(DEFAULT)
     if a.fit:
         # Coordinate descent on each constant (multiplicative steps, halved when no constant
-        # moves) to the least regret of the model's ranking of every measured path (the
-        # --per-t=all choice: cheap to score, and what the plan's choices are made of) plus
-        # half the rms log error of every path's time (which keeps the constants physical
-        # where the ranking does not pin them).
+        # moves) to the least regret of the choice being scored (the plan's, or with
+        # --per-t=all the model's cheapest measured path) plus half the rms log error of
+        # every path's time (which keeps the constants physical where the choice does not
+        # pin them). Several minutes for four runs.
         def objective(cc):
             r, _, e = score(cc, shapes, peak, kernels, a.per_t)
             return r + 0.5 * e

@@ -448,17 +448,14 @@ static smla_status check_desc(smla_context *ctx, const char *fn, const smla_plan
   return SMLA_OK;
 }
 
-/* What the backend's plan_init allocated in a plan (the split table, a plan for few rows). */
+/* What the backend's plan_init allocated in a plan (the split table, its few-rows chain). */
 static void plan_free_parts(smla_plan *plan) {
   free(plan->split_table);
-  if (plan->small_t) {
-    plan_free_parts(plan->small_t);
-    free(plan->small_t);
-  }
+  smla_plan_free_host(plan->small_t);
 }
 
-/* A plan's host memory: the struct and its parts. */
-static void plan_free_host(smla_plan *plan) {
+void smla_plan_free_host(smla_plan *plan) { /* NULL: nothing, as free */
+  if (!plan) return;
   plan_free_parts(plan);
   free(plan);
 }
@@ -500,17 +497,17 @@ smla_status smla_plan_create(smla_context *ctx, const smla_plan_desc *desc, void
   size_t need = 0;
   smla_status s = plan_choose(ctx, desc, plan, &need);
   if (s != SMLA_OK) {
-    plan_free_host(plan);
+    smla_plan_free_host(plan);
     return s;
   }
   if (workspace) {
     if (workspace_bytes < need) {
-      plan_free_host(plan);
+      smla_plan_free_host(plan);
       FAIL(SMLA_ERR_WORKSPACE, "%s: workspace_bytes = %zu, the plan needs %zu", fn,
            workspace_bytes, need);
     }
     if ((uintptr_t)workspace % WORKSPACE_ALIGN) {
-      plan_free_host(plan);
+      smla_plan_free_host(plan);
       FAIL(SMLA_ERR_MISALIGNED, "%s: workspace = %p is not %d-byte aligned", fn, workspace,
            WORKSPACE_ALIGN);
     }
@@ -519,7 +516,7 @@ smla_status smla_plan_create(smla_context *ctx, const smla_plan_desc *desc, void
   } else if (need > 0) {
     s = ctx->backend->alloc(ctx, need, &plan->workspace);
     if (s != SMLA_OK) {
-      plan_free_host(plan);
+      smla_plan_free_host(plan);
       return s;
     }
     plan->workspace_bytes = need;
@@ -536,7 +533,7 @@ smla_status smla_plan_create(smla_context *ctx, const smla_plan_desc *desc, void
 void smla_plan_destroy(smla_plan *plan) {
   if (!plan) return;
   if (plan->owns_workspace) plan->ctx->backend->free(plan->ctx, plan->workspace);
-  plan_free_host(plan);
+  smla_plan_free_host(plan);
 }
 
 const char *smla_plan_describe(const smla_plan *plan) {

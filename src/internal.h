@@ -110,6 +110,11 @@ int smla_cuda_count(void);
 smla_status smla_cuda_name(int device, char *buf, size_t buf_bytes);
 #endif
 
+/* Frees a plan's host memory: the struct, its split table and its few-rows chain (the
+ * plans in small_t, each with its own), not its workspace. For plans made by a backend's
+ * plan_init on calloc'ed structs (smla_plan_create's, and the CUDA plan's chain). */
+void smla_plan_free_host(smla_plan *plan);
+
 /* Records a message on ctx (may be NULL) and returns status. printf-style. */
 smla_status smla_set_error(smla_context *ctx, smla_status status, const char *fmt, ...)
 #if defined(__GNUC__)

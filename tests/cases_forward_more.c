@@ -143,12 +143,13 @@ static void c_t_below_max(t_case *tc) {
   fwd_free(&pb);
 }
 
-/* One plan shape (up to 64 rows, on a caller workspace of exactly its size) at T on both
- * sides of the runs of T that an sm_90 plan hands its few-rows chain (backend.c,
- * few_rows_chain: on an H100 and an H200, groups of 8 then 16 on the small-head kernel
- * for N = 32 to T = 8, of 8, 16, then 32 for N = 64 to T = 16), each forward run twice on
- * its plan: the plans' workspace regions must not meet, and each must be right on its
- * own. The describe names every link, so a failure says which kernel ran. */
+/* One plan shape (K = 512, up to 64 rows, on a caller workspace of exactly its size) at T
+ * on both sides of the runs of T that an sm_90 plan hands its few-rows chain (backend.c,
+ * few_rows_chain; with K = 512 the model's chains on an H100 / H200 reach T = 16..32 in 1
+ * to 3 links, e.g. N = 64 in groups of 8, 16, 32 to T = 8, 16, 22 on the H100; the T here
+ * straddle their ends), each forward run twice on its plan: the plans' workspace regions
+ * must not meet, and each must be right on its own. The describe names every link, so a
+ * failure says which kernel ran. */
 static smla_plan *plan_for(t_case *tc, smla_context *ctx, int64_t T, int N, int K, int dr,
                            smla_cache_format format, int splits, int hb, uint32_t flags);
 

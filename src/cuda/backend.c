@@ -638,16 +638,6 @@ static double plan_cost(const smla_plan *plan, const cuda_state *st, int64_t T) 
   return split_cost(&c, st, plan->desc.num_heads, T, s, ceil_div(c.ntiles, s), merged);
 }
 
-/* A plan's few-rows chain, and a sub-plan with it (host memory only: no workspace yet). */
-static void sub_plan_free(smla_plan *g) {
-  while (g) {
-    smla_plan *below = g->small_t;
-    free(g->split_table);
-    free(g);
-    g = below;
-  }
-}
-
 /* A plan of plan's shape and policy for T <= rows on the generic kernel (portable) or the
  * sm_90a kernels, in groups of hb heads; *bytes: its workspace. */
 static smla_status sub_plan(const smla_plan *plan, int portable, int hb, int64_t rows,
@@ -665,7 +655,7 @@ static smla_status sub_plan(const smla_plan *plan, int portable, int hb, int64_t
   g->desc.max_tokens = rows;
   const smla_status s = cuda_plan_init(g, bytes);
   if (s != SMLA_OK) {
-    sub_plan_free(g);
+    smla_plan_free_host(g);
     return s;
   }
   *out = g;
@@ -693,7 +683,7 @@ static smla_status few_rows_chain(smla_plan *plan, const cuda_state *st,
      * small-head kernel built without that group, too little shared memory) */
     if (s == SMLA_OK && ((g[k]->kernel == KERNEL_SM90) == cand[k].portable ||
                          g[k]->heads_per_block != cand[k].hb)) {
-      sub_plan_free(g[k]);
+      smla_plan_free_host(g[k]);
       g[k] = NULL;
     }
   }
@@ -711,7 +701,7 @@ static smla_status few_rows_chain(smla_plan *plan, const cuda_state *st,
     }
     if (pick[T - 1] >= 0) last = T;
   }
-  for (int k = 0; k < nc; k++) sub_plan_free(g[k]);
+  for (int k = 0; k < nc; k++) smla_plan_free_host(g[k]);
   if (s != SMLA_OK) return s;
   int run_k[FEW_ROWS_LINKS];
   int64_t run_end[FEW_ROWS_LINKS];
@@ -735,7 +725,7 @@ static smla_status few_rows_chain(smla_plan *plan, const cuda_state *st,
     s = sub_plan(plan, k >= 0 ? cand[k].portable : 0,
                  k >= 0 ? cand[k].hb : plan->heads_per_block, run_end[i], &link, &bytes);
     if (s != SMLA_OK) {
-      sub_plan_free(below);
+      smla_plan_free_host(below);
       return s;
     }
     if (below) {
