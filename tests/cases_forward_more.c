@@ -432,6 +432,29 @@ static void c_wide_n128_unsplit(t_case *tc) { unsplit(tc, 128, 2051, 64, 0.0f, 1
 static void c_wide_n8_dr0_unsplit(t_case *tc) { unsplit(tc, 8, 2150, 0, 5.0f, 0); }
 static void c_wide_n64_dr0_unsplit(t_case *tc) { unsplit(tc, 64, 2150, 0, 5.0f, 0); }
 
+/* The sm90 64-head kernel's persistent grid (one split and more (t, group) units than the
+ * device has SMs: a block takes several, the next unit's Q and first tiles loading under
+ * the last tiles and epilogue of the one before): 300 rows of N = 64 (Dr 64, sink) and 150
+ * of N = 128 (Dr 0, softcap), K = 150 with the wide cases' lengths (an empty row: a unit
+ * that takes no part in the Q handshake; one, two or three tiles: the units' tile counts
+ * move the stage a unit starts in and whether a warpgroup owns any tile) and planted
+ * slots. On an sm90 device the plan must name the persistent grid. */
+static void c_wide_persistent(t_case *tc) {
+  wide(tc, 300, 64, 150, 64, 0.0f, 1, 1);
+  wide(tc, 150, 128, 150, 0, 5.0f, 0, 1);
+  for (int b = 0; b < g_num_backends; b++) {
+    smla_context *ctx = t_on(tc, b);
+    if (!ctx || b == T_CPU) continue;
+    smla_plan *plan = plan_for(tc, ctx, 300, 64, 150, 64, SMLA_CACHE_BF16, 1, 0, 0);
+    if (!plan) continue;
+    const char *desc = smla_plan_describe(plan);
+    if (strncmp(desc, "cuda-sm90", 9) == 0)
+      t_expect(tc, strstr(desc, "persistent grid") != NULL,
+               "one split of 300 rows: the plan should name the persistent grid: %s", desc);
+    smla_plan_destroy(plan);
+  }
+}
+
 /* The sm90 kernel's two merges: forced 2, 3, 4, 6, 7 and 8 splits merge inside the kernel
  * (one cluster per row and head group; 3, 6 and 7 own uneven column ranges), 12 and 4
  * with SMLA_PLAN_SEPARATE_MERGE through the combine kernel (v1, and v4 launched as a
@@ -703,6 +726,7 @@ void t_register_forward_more_cases(void) {
   t_register("forward_num_splits_1_3_7", c_num_splits);
   t_register("forward_wide_n128_k2051", c_wide_n128);
   t_register("forward_wide_n128_unsplit", c_wide_n128_unsplit);
+  t_register("forward_wide_persistent", c_wide_persistent);
   t_register("forward_wide_n8_dr0_unsplit", c_wide_n8_dr0_unsplit);
   t_register("forward_wide_n64_dr0_unsplit", c_wide_n64_dr0_unsplit);
   t_register("forward_wide_n64_dr0_sink", c_wide_n64_dr0);

@@ -1006,6 +1006,7 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p,
   a.bad_inputs = (unsigned long long *)p->bad_inputs;
   a.cluster_merge = merged ? merge_cluster_of(&c, splits) : 0;
   a.pdl = plan->forward_pdl;
+  a.resident_blocks = ((const cuda_state *)ctx->backend_state)->sm_count;
   if (a.cluster_merge && a.cluster_merge < splits) { /* generic, R > 1 clusters a row */
     if (T > plan->counter_rows)
       return smla_set_error(ctx, SMLA_ERR_INTERNAL, "%s: T = %lld needs merge counters the "

@@ -109,9 +109,10 @@ __device__ __forceinline__ void fwd_scale_logits(float *v, float scale, float so
   }
 }
 
-/* What one block of the forward grid works on: blocks are numbered (t, split, group) with
- * the group fastest (with cluster_merge: (t, group, split), split fastest); entries
- * [ks, kend) of row t (the split clamped by lengths[t]). */
+/* One unit of the forward's work (a block's, but in the sm90 64-head kernel's persistent
+ * grid): units are numbered (t, split, group) with the group fastest (with cluster_merge:
+ * (t, group, split), split fastest); entries [ks, kend) of row t (the split clamped by
+ * lengths[t]). */
 struct fwd_block {
   int64_t t;
   int grp, split, ks, kend, ntiles;
@@ -125,9 +126,9 @@ struct fwd_block {
  * instructions) that every global address of the block (lengths, slots, Q) waited on.
  * Measured against the 64-bit form (H100, bench/RESULTS.md session 16): T = 1 N = 16
  * 9.92-9.96 -> 9.76-9.80 us amortized, T <= 4 0.1-0.16 us faster, T >= 16 equal. */
-__device__ __forceinline__ fwd_block fwd_block_of(const smla_cuda_fwd_args &a) {
+__device__ __forceinline__ fwd_block fwd_block_at(const smla_cuda_fwd_args &a, uint32_t bid) {
   fwd_block b;
-  const uint32_t bid = blockIdx.x, S = (uint32_t)a.num_splits, G = (uint32_t)a.groups;
+  const uint32_t S = (uint32_t)a.num_splits, G = (uint32_t)a.groups;
   if (a.cluster_merge) { /* (t, group, split): a cluster is the splits of one (t, group) */
     const uint32_t rest = bid / S;
     b.split = (int)(bid - rest * S);
@@ -149,6 +150,11 @@ __device__ __forceinline__ fwd_block fwd_block_of(const smla_cuda_fwd_args &a) {
   b.slot_row = a.slots + b.t * a.slots_stride;
   b.req = a.conv.req_id ? __ldg(a.conv.req_id + b.t) : 0;
   return b;
+}
+
+/* This block's work in a grid of one block per (t, group, split). */
+__device__ __forceinline__ fwd_block fwd_block_of(const smla_cuda_fwd_args &a) {
+  return fwd_block_at(a, blockIdx.x);
 }
 
 /* Source of 16-byte chunk c (of 8 bf16) of head `head`'s q row: chunks 0..63 from q_nope,

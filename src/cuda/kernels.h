@@ -171,6 +171,11 @@ typedef struct smla_cuda_fwd_args {
                                   access; generic: needs sm_90 code, smla_cuda_fwd_caps;
                                   sm90: the plan asks it for the small-head kernel only) */
   unsigned long long *bad_inputs; /* may be NULL */
+  /* Blocks of one SM's worth each that the device holds at once (its SM count). The sm90
+   * 64-head kernel with one split and no cluster merge runs as a persistent grid of at
+   * most this many blocks, block b taking units b, b + grid, .. (SMLA_FWD90_PERSIST); 0,
+   * and every other kernel: one block a unit. */
+  int resident_blocks;
   /* smla_forward_indices: conv.req_id != NULL; then slots / slots_stride are the request-
    * local positions (conv.local), each converted by convert_one as read (conv.slots,
    * valid, compact unused). */

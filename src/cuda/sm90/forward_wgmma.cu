@@ -64,6 +64,18 @@
 #define SMLA_FWD90_PDL 1
 #endif
 
+/* SMLA_FWD90_PERSIST (session 20): 1: the 64-head kernel with one split and no cluster
+ * merge runs as a persistent grid of a.resident_blocks blocks, each taking units (t, group)
+ * blockIdx.x, + gridDim.x, ..; its epilogue stores the final rows from registers
+ * (W_DIRECT), so that the next unit's Q (once the last S of this one is done) and first two
+ * tiles (once their stages' PVs are) load under this unit's last tiles and epilogue; 2: that
+ * epilogue in a grid of one block a unit (to measure the two parts apart); 0: one block a
+ * unit, the epilogue staged through shared memory (v11 as measured to session 19). */
+#ifndef SMLA_FWD90_PERSIST
+#define SMLA_FWD90_PERSIST 1
+#endif
+#define W_DIRECT (SMLA_FWD90_PERSIST != 0)
+
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
 #define W_HEADS 64
@@ -87,8 +99,8 @@ __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   l.rowmax = l.red + 2u * 64u * 4u; /* [64] float: the max each row's sum is relative to */
   l.rowtop = l.rowmax + 64u * 4u; /* [64] float: each row's largest logit (max_logit) */
   l.mask = l.rowtop + 64u * 4u;  /* at 64: [2] uint64, each stage's used-entry bits */
-  l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], pready[2] (, full_b2[2]) */
-  l.total = l.bar + 6u * 8u;
+  l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], pready[2], qfree */
+  l.total = l.bar + 7u * 8u;
   return l;
 }
 /* Both layouts, with the 1 KB slack that aligns the base, within the 227 KB opt-in (else
@@ -123,7 +135,8 @@ __device__ __forceinline__ float w_cluster_factor(const smla_cuda_fwd_args &a, i
   float mk[8], lk[8], M = NEG_INF, top = NEG_INF;
 #pragma unroll
   for (int k = 0; k < 8; k++) {
-    if (k >= S) break;
+    mk[k] = NEG_INF, lk[k] = 0.0f;
+    if (k >= S) continue;
     mk[k] = ld_cluster_f32(rowmax_s + 4u * row, (uint32_t)k);
     lk[k] = ld_cluster_f32(red_s + 4u * row, (uint32_t)k) +
             ld_cluster_f32(red_s + 256u + 4u * row, (uint32_t)k);
@@ -282,7 +295,8 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
 template <int DR>
 __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *smem,
                                          uint32_t sbase, const w_layout &L, int wg, int j,
-                                         bool own, float O[2][64], float m_run[2],
+                                         uint32_t gj, int ntiles, bool own, float O[2][64],
+                                         float m_run[2],
                                          float l_run[2], float m_top[2], float s[32],
                                          uint32_t pa[16], uint32_t &q_s W11_STEP_PROBE_ARGS) {
   constexpr int KB = (512 + DR) / 64;
@@ -292,9 +306,12 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
   const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
   const uint32_t kv_s = sbase + L.kv;
   const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, pready_b = full_b + 32u;
+  const uint32_t qfree_b = full_b + 48u;
   const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask + 64);
   {
-    const uint32_t st = (uint32_t)(j & 1), par = (uint32_t)((j >> 1) & 1);
+    /* Stage and phase by the block's tile count gj (units before this one included);
+     * which warpgroup owns the tile, by its index j in the unit. */
+    const uint32_t st = gj & 1u, par = (gj >> 1) & 1u;
     const uint32_t kvb = kv_s + st * TILE;
     const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
     float *xmj = (float *)(smem + L.xm) + st * 128u; /* [m, top][64] after tile j */
@@ -337,6 +354,8 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; i++) wg_pin(s[i]);
+    /* This warpgroup's last S of the unit has read Q: the next unit's may come in. */
+    if (j + 2 >= ntiles && lane == 0) mbar_arrive(qfree_b);
     W11_PHASE(3);
 
     float tmax[2] = {NEG_INF, NEG_INF};
@@ -407,9 +426,9 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
  * the row sums) and m_top as the epilogue expects them; both warpgroups end at the same
  * m_run and m_top. */
 template <int DR>
-__device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles, uint8_t *smem,
-                                         uint32_t sbase, const w_layout &L, int wg,
-                                         float O[2][64], float m_run[2], float l_run[2],
+__device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles, uint32_t g0,
+                                         uint8_t *smem, uint32_t sbase, const w_layout &L,
+                                         int wg, float O[2][64], float m_run[2], float l_run[2],
                                          float m_top[2] W11_PROBE_ARGS) {
 #if SMLA_PROBE
   unsigned long long plast = probe_now();
@@ -419,14 +438,19 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
   uint32_t pa[16];
 #pragma unroll
   for (int i = 0; i < 16; i++) pa[i] = 0u;
+  const int lane = threadIdx.x & 31;
+  const uint32_t empty_b = sbase + L.bar + 16u, qfree_b = sbase + L.bar + 48u;
+  if (ntiles <= wg && lane == 0) mbar_arrive(qfree_b); /* no tile of its own: no S */
 #pragma unroll 1
   for (int j = 0; j < ntiles; j++)
-    w11_step<DR>(a, smem, sbase, L, wg, j, (j & 1) == wg, O, m_run, l_run, m_top, s, pa,
-                 q_s W11_STEP_PROBE);
+    w11_step<DR>(a, smem, sbase, L, wg, j, g0 + (uint32_t)j, ntiles, (j & 1) == wg, O, m_run,
+                 l_run, m_top, s, pa, q_s W11_STEP_PROBE);
   wg_wait<0>();
 #pragma unroll
   for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
   w11_pin_o(O);
+  /* The last tile's stage (its PVs done): the next unit's tiles may come in. */
+  if (lane == 0) mbar_arrive(empty_b + 8u * ((g0 + (uint32_t)ntiles - 1u) & 1u));
 }
 
 
@@ -484,8 +508,9 @@ __device__ __forceinline__ void w_store_rows(const smla_cuda_fwd_args &a, const 
 }
 
 /* The gather warpgroup's tile loop (both sm90 kernels): warp pw copies rows 16 pw.. of tile j
- * into stage j % 2 (kv_s + (j % 2) * KB * 8 KB) once both stages' readers have released it
- * (empty, 16 bytes after full), after publishing its 16 used-entry bits of the tile in the
+ * (the block's tile g0 + j: g0 tiles of earlier units came before it) into stage (g0 + j) % 2
+ * (kv_s + stage * KB * 8 KB) once that stage's readers have released it (empty, 16 bytes
+ * after full), after publishing its 16 used-entry bits of the tile in the
  * stage's word at mask_p (one arrival a warp on full), then arrives on full once its own
  * copies have landed. Returns this thread's bad-slot count (lanes < 16: each row once). */
 template <int KB>
@@ -493,15 +518,15 @@ __device__ __forceinline__ unsigned w_gather_tiles(const smla_cuda_fwd_args &a, 
                                                    uint32_t kv_s, uint32_t full_b,
                                                    slot_pipe &spipe, int32_t req,
                                                    const int32_t *slot_row, int ks, int kend,
-                                                   int ntiles, int pw, int rl, int cl,
-                                                   int my_row) {
+                                                   int ntiles, uint32_t g0, int pw, int rl,
+                                                   int cl, int my_row) {
   const uint32_t empty_b = full_b + 16u;
   const int lane = threadIdx.x & 31;
   unsigned bad = 0;
 #pragma unroll 1
   for (int j = 0; j < ntiles; j++) {
-    const uint32_t st = (uint32_t)(j & 1);
-    if (j >= 2) mbar_wait(empty_b + 8u * st, (uint32_t)(((j >> 1) - 1) & 1));
+    const uint32_t gj = g0 + (uint32_t)j, st = gj & 1u;
+    if (gj >= 2) mbar_wait(empty_b + 8u * st, ((gj >> 1) - 1u) & 1u);
     const int32_t sc = slot_pipe_next(spipe, a, req, slot_row, ks, kend, j, my_row);
     unsigned nb = 0;
     const int u_mine = entry_used(a, sc, ks + j * FWD_BN + my_row, kend, 0, &nb);
@@ -544,53 +569,71 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   /* A programmatic dependent (a.pdl) may be launched while the stream's previous kernel
    * still runs: nothing global is touched before it has completed (SMLA_FWD90_PDL). */
   if (a.pdl) griddep_wait();
-  const fwd_block blk = fwd_block_of(a);
-  const int64_t t = blk.t;
-  const int grp = blk.grp, split = blk.split, ks = blk.ks, kend = blk.kend;
-  const int ntiles = blk.ntiles, h0 = grp * W_HEADS;
-  const int32_t *slot_row = blk.slot_row;
-  const int32_t req = blk.req;
+  /* Units (t, group, split) b = blockIdx.x, + gridDim.x, ..: one a block, but in the
+   * persistent grid (SMLA_FWD90_PERSIST, one split, no cluster merge), where the stages
+   * and Q of the next unit fill while this one's last tiles and epilogue run. */
+  const uint32_t units = (uint32_t)(a.num_tokens * a.groups * a.num_splits);
 
-  unsigned bad = 0; /* entries >= S or < -1 this thread counted */
+  unsigned bad = 0; /* entries >= S or < -1 this thread counted, in units of group 0 */
   const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv;
-  PROBE_DECL;
-  PROBE_STAMP(0);
   /* Everything of the compute warps (O included) lives inside their branch: code after
    * the join runs at the gather warpgroup's register count. */
-  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u;
+  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, qfree_b = full_b + 48u;
   if (tid == 0) {
     /* full: the 128 gather threads' copies and one arrival a gather warp (its mask bits);
-     * empty: the 8 compute warps; pready: the 128 threads of the tile's warpgroup. */
+     * empty: the 8 compute warps; pready: the 128 threads of the tile's warpgroup; qfree:
+     * the 8 compute warps, once a unit, when their last S of it is done. */
     mbar_init(full_b, 132), mbar_init(full_b + 8u, 132);
     mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);
     mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128);
+    mbar_init(qfree_b, 8);
   }
   __syncthreads();
   if (tid >= W_THREADS) {
     /* The gather warpgroup. Warp pw gathers rows 16 pw..16 pw + 15 of each tile (and
      * of Q), per instruction 4 rows x 8 chunks (128 contiguous bytes of each row, one
      * swizzled 128-byte line of shared memory); lane l < 16 owns the slot of row
-     * 16 pw + l (its used bit, its bad count) and hands it out by shuffle. */
+     * 16 pw + l (its used bit, its bad count) and hands it out by shuffle. Units with no
+     * tile (lengths) take no part in the qfree handshake on either side. */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
-    if (ntiles > 0) {
-      const int pw = (tid - W_THREADS) >> 5, cl = lane & 7, rl = lane >> 3;
-      const int my_row = 16 * pw + (lane & 15);
-      /* Tile 0's slots first: their load's latency runs under the Q issue. */
-      slot_pipe spipe = slot_pipe_start(a, req, slot_row, ks, kend, my_row);
+    const int pw = (tid - W_THREADS) >> 5, cl = lane & 7, rl = lane >> 3;
+    const int my_row = 16 * pw + (lane & 15);
+    uint32_t g0 = 0, nq = 0; /* tiles and Q loads of this block's earlier units */
+#pragma unroll 1
+    for (uint32_t bid = blockIdx.x; bid < units; bid += gridDim.x) {
+      const fwd_block blk = fwd_block_at(a, bid);
+      if (blk.ntiles == 0) continue;
+      /* Tile 0's slots first: their load's latency runs under the Q issue (and under the
+       * wait for the previous unit's last S). */
+      slot_pipe spipe = slot_pipe_start(a, blk.req, blk.slot_row, blk.ks, blk.kend, my_row);
+      if (nq > 0) mbar_wait(qfree_b, (nq - 1u) & 1u);
+      const int h0 = blk.grp * W_HEADS;
 #pragma unroll 1
       for (int rg = 0; rg < 4; rg++) {
         const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
 #pragma unroll 1
         for (int cb = 0; cb < KB; cb++)
-          cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, t, head, 8 * cb + cl),
+          cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, blk.t, head, 8 * cb + cl),
                       head < a.num_heads ? 16 : 0);
       }
-      bad = w_gather_tiles<KB>(a, smem + L.mask + 64u, kv_s, full_b, spipe, req, slot_row, ks,
-                               kend, ntiles, pw, rl, cl, my_row);
+      const unsigned nb = w_gather_tiles<KB>(a, smem + L.mask + 64u, kv_s, full_b, spipe,
+                                             blk.req, blk.slot_row, blk.ks, blk.kend,
+                                             blk.ntiles, g0, pw, rl, cl, my_row);
+      if (blk.grp == 0) bad += nb;
+      g0 += (uint32_t)blk.ntiles;
+      nq++;
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
 #define W_SYNC() named_bar_sync(1, W_THREADS)
+  uint32_t g0 = 0; /* tiles of this block's earlier units */
+#pragma unroll 1
+  for (uint32_t bid = blockIdx.x; bid < units; bid += gridDim.x) {
+  /* Only bid and g0 live across the tile loop (the rest spilled there): the unit's row,
+   * group and split are decoded again for the epilogue. */
+  const int ntiles = fwd_block_at(a, bid).ntiles;
+  PROBE_DECL;
+  PROBE_STAMP(0);
   /* O: [2 halves of 128 columns][16 n8 blocks x 4]; column of O[h][4j + e] is
    * 256 wg + 128 h + 8 j + 2 tig + (e & 1), row r0 + 8 (e >> 1). */
   float O[2][64];
@@ -604,13 +647,14 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 
   if (ntiles > 0) {
 #if SMLA_PROBE
-    w11_loop<DR>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top, probe_t_);
+    w11_loop<DR>(a, ntiles, g0, smem, sbase, L, wg, O, m_run, l_run, m_top, probe_t_);
 #else
-    w11_loop<DR>(a, ntiles, smem, sbase, L, wg, O, m_run, l_run, m_top);
+    w11_loop<DR>(a, ntiles, g0, smem, sbase, L, wg, O, m_run, l_run, m_top);
 #endif
+    g0 += (uint32_t)ntiles;
     /* The combine kernel (a programmatic dependent, smla_cuda_merge_args.pdl) may be
      * scheduled from here on; it waits for this grid's completion before it reads. */
-    griddep_launch_dependents();
+    if (bid + gridDim.x >= units) griddep_launch_dependents();
 
     /* Row sums: quad, then across the two warpgroups. */
 #pragma unroll
@@ -631,7 +675,31 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   }
   W_SYNC();
 
-  /* ---- epilogue: final (num_splits == 1) or partial state ---- */
+  const fwd_block blk = fwd_block_at(a, bid);
+  const int64_t t = blk.t;
+  const int split = blk.split, h0 = blk.grp * W_HEADS;
+  const bool cmerge = a.cluster_merge != 0;
+  if (W_DIRECT && a.num_splits == 1 && !cmerge) {
+    /* ---- epilogue, one split: the final rows straight from the registers (Q and the
+     * stages belong to the next unit by now); red and the row maxima are read before
+     * the barrier that lets the next unit's epilogue write them ---- */
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int row = r0 + 8 * hh, head = h0 + row;
+      if (head >= a.num_heads) continue;
+      const fwd_row_out r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row],
+                                             rowmax_s[row], rowtop_s[row], wg == 0 && tig == 0);
+      uint16_t *dst = r.out + 256 * wg + 2 * tig;
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int nb = 0; nb < 16; nb++)
+          *(uint32_t *)(dst + 128 * h + 8 * nb) =
+              pack_bf16x2(O[h][4 * nb + 2 * hh] * r.f, O[h][4 * nb + 2 * hh + 1] * r.f);
+    }
+    W_SYNC();
+  } else {
+  /* ---- epilogue: final (num_splits == 1) or partial state, staged (one unit a block) ---- */
   /* O goes through shared memory (the KV stages are free: every tile was consumed and
    * both warpgroups passed the barrier above), then out in whole rows: each warp stores
    * 512 contiguous bytes per instruction instead of 8 rows x 32 B. Rows of 520 floats:
@@ -640,7 +708,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
                 "staged O: the stages (and P blocks)");
   float *ost = (float *)(smem + L.kv);
   void **dst_s = (void **)(smem + L.q); /* per row: its output row, or NULL */
-  const bool cmerge = a.cluster_merge != 0;
   /* Every split's m and l (red, rowmax_s, written before the barrier above) published to
    * the cluster. Nothing in red and rowmax_s changes after this. */
   if (cmerge) cluster_sync_acq_rel();
@@ -707,12 +774,14 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       w_store_rows(a, ost, dst_s, warp, W_HEADS, W_THREADS / 32);
     }
   }
+  } /* staged epilogue */
   PROBE_STAMP(7);
   PROBE_PUT(11, ntiles);
+  } /* units */
   } /* compute warps */
 #undef W_SYNC
 
-  fwd_count_bad(a, grp, bad);
+  fwd_count_bad(a, 0, bad);
 }
 
 /* ---- small heads: swap-AB tiles, N <= 32 (SMLA_FWD90_SMALL) -----------------------------
@@ -825,7 +894,7 @@ __global__ void __launch_bounds__(256, 1)
         }
       }
       bad = w_gather_tiles<KB>(a, smem + L.mask + 64u, kv_s, full_b, spipe, blk.req,
-                               blk.slot_row, ks, kend, ntiles, pw, rl, cl, my_row);
+                               blk.slot_row, ks, kend, ntiles, 0u, pw, rl, cl, my_row);
     }
   } else {
 #define WS_SYNC() named_bar_sync(1, 128)
@@ -988,7 +1057,8 @@ extern "C" int smla_cuda_fwd90_small_heads(int num_heads) {
 /* The tile loop a plan with hb heads a block runs (smla_plan_describe). */
 extern "C" const char *smla_cuda_fwd90_variant(int hb) {
   if (hb < 64) return "swap-AB small-head tiles (heads on the wgmma N axis)";
-  return "tile loop v11 (relay)";
+  return SMLA_FWD90_PERSIST == 1 ? "tile loop v11 (relay), one split as a persistent grid"
+                                 : "tile loop v11 (relay)";
 }
 
 extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr, int hb) {
@@ -1063,8 +1133,12 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fw
                            a->cluster_merge != a->num_splits))
     return cudaErrorInvalidValue;
   if (hb < 64 && smla_cuda_fwd90_small_heads(hb) != hb) return cudaErrorInvalidValue;
+  int64_t grid = blocks; /* the persistent grid: at most one block a resident slot */
+  if (SMLA_FWD90_PERSIST == 1 && hb == 64 && a->num_splits == 1 && !a->cluster_merge &&
+      a->resident_blocks > 0 && grid > a->resident_blocks)
+    grid = a->resident_blocks;
   cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t c = w_config((unsigned)blocks, hb < 64 ? 256u : (unsigned)W_BLOCK,
+  cudaLaunchConfig_t c = w_config((unsigned)grid, hb < 64 ? 256u : (unsigned)W_BLOCK,
                                   smla_cuda_fwd90_smem_bytes(dr, hb),
                                   a->cluster_merge ? a->num_splits : 1, a->pdl, stream, attr);
   void *args[1] = {(void *)a};
