@@ -679,23 +679,35 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   const int64_t t = blk.t;
   const int split = blk.split, h0 = blk.grp * W_HEADS;
   const bool cmerge = a.cluster_merge != 0;
-  if (W_DIRECT && a.num_splits == 1 && !cmerge) {
-    /* ---- epilogue, one split: the final rows straight from the registers (Q and the
-     * stages belong to the next unit by now); red and the row maxima are read before
-     * the barrier that lets the next unit's epilogue write them ---- */
+  if (W_DIRECT && a.num_splits == 1 && !cmerge && bid + gridDim.x < units) {
+    /* ---- epilogue, one split, a next unit to come: the final rows straight from the
+     * registers (Q and the stages belong to the next unit by now). Each lane pairs with
+     * its neighbour (tig ^ 1) so that a store is 8 bytes and a warp's store fills one
+     * 32-byte sector of each of its 8 rows. red and the row maxima are read before the
+     * barrier that lets the next unit's epilogue write them. The block's last unit
+     * stages its rows (below): nothing comes after it. ---- */
+    const bool odd = tig & 1;
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       const int row = r0 + 8 * hh, head = h0 + row;
-      if (head >= a.num_heads) continue;
-      const fwd_row_out r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row],
-                                             rowmax_s[row], rowtop_s[row], wg == 0 && tig == 0);
-      uint16_t *dst = r.out + 256 * wg + 2 * tig;
+      const bool live = head < a.num_heads;
+      fwd_row_out r = {NULL, NULL, 0.0f};
+      if (live)
+        r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row], rowmax_s[row],
+                             rowtop_s[row], wg == 0 && tig == 0);
+      uint16_t *dst = r.out + 256 * wg + 2 * (tig & ~1);
 #pragma unroll
       for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int nb = 0; nb < 16; nb++)
-          *(uint32_t *)(dst + 128 * h + 8 * nb) =
-              pack_bf16x2(O[h][4 * nb + 2 * hh] * r.f, O[h][4 * nb + 2 * hh + 1] * r.f);
+        for (int q = 0; q < 8; q++) {
+          const uint32_t w0 = pack_bf16x2(O[h][8 * q + 2 * hh] * r.f, O[h][8 * q + 2 * hh + 1] * r.f);
+          const uint32_t w1 = pack_bf16x2(O[h][8 * q + 4 + 2 * hh] * r.f,
+                                          O[h][8 * q + 4 + 2 * hh + 1] * r.f);
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? w0 : w1, 1);
+          if (live) /* columns 16 q + 8 odd + 2 (tig & ~1) .. + 3 of this half */
+            *(uint2 *)(dst + 128 * h + 16 * q + 8 * odd) =
+                odd ? make_uint2(got, w1) : make_uint2(w0, got);
+        }
     }
     W_SYNC();
   } else {
