@@ -432,13 +432,14 @@ static void c_wide_n128_unsplit(t_case *tc) { unsplit(tc, 128, 2051, 64, 0.0f, 1
 static void c_wide_n8_dr0_unsplit(t_case *tc) { unsplit(tc, 8, 2150, 0, 5.0f, 0); }
 static void c_wide_n64_dr0_unsplit(t_case *tc) { unsplit(tc, 64, 2150, 0, 5.0f, 0); }
 
-/* The sm90 64-head kernel's persistent grid (one split and more (t, group) units than the
- * device has SMs: a block takes several, the next unit's Q and first tiles loading under
- * the last tiles and epilogue of the one before): 300 rows of N = 64 (Dr 64, sink) and 150
- * of N = 128 (Dr 0, softcap), K = 150 with the wide cases' lengths (an empty row: a unit
- * that takes no part in the Q handshake; one, two or three tiles: the units' tile counts
- * move the stage a unit starts in and whether a warpgroup owns any tile) and planted
- * slots. On an sm90 device the plan must name the persistent grid. */
+/* More (t, group) units at one split than the device has SMs, on the sm90 64-head kernel:
+ * 300 rows of N = 64 (Dr 64, sink) and 150 of N = 128 (Dr 0, softcap), K = 150 with the wide
+ * cases' lengths (an empty row: a unit with no tile; one, two or three tiles a unit) and
+ * planted slots. Built with SMLA_FWD90_PERSIST=1 (the persistent grid, v14) a block takes
+ * several of these units in turn: the tile counts then move the stage a unit starts in and
+ * whether a warpgroup owns a tile of it, the empty row takes no part in the Q handshake, and
+ * the plan's describe names the persistent grid. On an sm90 device the plan must name the
+ * 64-head kernel's loop, so that these rows cannot pass on another kernel. */
 static void c_wide_persistent(t_case *tc) {
   wide(tc, 300, 64, 150, 64, 0.0f, 1, 1);
   wide(tc, 150, 128, 150, 0, 5.0f, 0, 1);
@@ -449,8 +450,9 @@ static void c_wide_persistent(t_case *tc) {
     if (!plan) continue;
     const char *desc = smla_plan_describe(plan);
     if (strncmp(desc, "cuda-sm90", 9) == 0)
-      t_expect(tc, strstr(desc, "persistent grid") != NULL,
-               "one split of 300 rows: the plan should name the persistent grid: %s", desc);
+      t_expect(tc, strstr(desc, "tile loop v11") != NULL,
+               "one split of 300 rows at N = 64: the plan should name the 64-head kernel's "
+               "loop: %s", desc);
     smla_plan_destroy(plan);
   }
 }

@@ -64,15 +64,20 @@
 #define SMLA_FWD90_PDL 1
 #endif
 
-/* SMLA_FWD90_PERSIST (session 20): 1: the 64-head kernel with one split and no cluster
- * merge runs as a persistent grid of a.resident_blocks blocks, each taking units (t, group)
- * blockIdx.x, + gridDim.x, ..; its epilogue stores the final rows from registers
- * (W_DIRECT), so that the next unit's Q (once the last S of this one is done) and first two
- * tiles (once their stages' PVs are) load under this unit's last tiles and epilogue; 2: that
- * epilogue in a grid of one block a unit (to measure the two parts apart); 0: one block a
- * unit, the epilogue staged through shared memory (v11 as measured to session 19). */
+/* SMLA_FWD90_PERSIST (session 20; v14 in docs/design/cuda-sm90-forward.md; default 0 until
+ * measured): 1: the 64-head kernel with one split and no cluster merge runs as a persistent
+ * grid of a.resident_blocks blocks, each taking units (t, group) blockIdx.x, + gridDim.x, ..,
+ * so that the next unit's Q (once the last S of this one is done) and first two tiles (once
+ * their stages' PVs are) load under this unit's last tiles and epilogue; a unit with a next
+ * one stores its final rows from registers (W_DIRECT), the block's last unit stages them.
+ * 2: that epilogue in a grid of one block a unit (the two parts apart). 0: one block a unit,
+ * the epilogue staged through shared memory (v11 as measured to session 19). Measured once
+ * (H100, bench/RESULTS.md session 20 call 1, with the direct epilogue at every unit): N = 128
+ * T >= 1024 2.5-4.5% faster cold, N = 64 0-1.5% slower (gathers at the copy rate already),
+ * N = 128 T = 64 5-7% slower (the direct stores); the mend (last unit staged, 8-byte stores)
+ * is compiled and unmeasured. */
 #ifndef SMLA_FWD90_PERSIST
-#define SMLA_FWD90_PERSIST 1
+#define SMLA_FWD90_PERSIST 0
 #endif
 #define W_DIRECT (SMLA_FWD90_PERSIST != 0)
 
