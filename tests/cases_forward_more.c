@@ -152,6 +152,8 @@ static void c_t_below_max(t_case *tc) {
  * failure says which kernel ran. */
 static smla_plan *plan_for(t_case *tc, smla_context *ctx, int64_t T, int N, int K, int dr,
                            smla_cache_format format, int splits, int hb, uint32_t flags);
+static void expect_sm90_describe(t_case *tc, int64_t T, int N, int K, int dr, int splits,
+                                 const char *needle, const char *what);
 
 static void c_small_t_plan(t_case *tc) {
   static const int heads[4] = {16, 32, 64, 128};
@@ -170,17 +172,8 @@ static void c_small_t_plan(t_case *tc) {
   /* The chain is there to be tested: on an sm_90 device the plan of N = 128 (K = 2048, up
    * to 64 rows) hands its fewest rows to narrower groups (the model's choice, measured
    * 13.5 against 17.6 us at T = 1 on an H100). */
-  for (int b = 0; b < g_num_backends; b++) {
-    smla_context *ctx = t_on(tc, b);
-    if (!ctx || b == T_CPU) continue;
-    smla_plan *plan = plan_for(tc, ctx, 64, 128, 2048, 64, SMLA_CACHE_BF16, 0, 0, 0);
-    if (!plan) continue;
-    const char *desc = smla_plan_describe(plan);
-    if (strncmp(desc, "cuda-sm90", 9) == 0)
-      t_expect(tc, strstr(desc, "; T <= ") != NULL, "N = 128 on sm_90: no few-rows chain: %s",
-               desc);
-    smla_plan_destroy(plan);
-  }
+  expect_sm90_describe(tc, 64, 128, 2048, 64, 0, "; T <= ",
+                       "N = 128 on sm_90: a few-rows chain");
 }
 
 /* SMLA_PLAN_BATCH_INVARIANT: row 0's outputs are bitwise the same whether it runs in a
@@ -323,6 +316,23 @@ static smla_plan *plan_for(t_case *tc, smla_context *ctx, int64_t T, int N, int 
   return plan;
 }
 
+/* On each GPU whose plan of this BF16 shape (splits: 0 the plan's, else forced) runs a
+ * cuda-sm90 kernel, the plan's describe must contain `needle`; `what` says why. */
+static void expect_sm90_describe(t_case *tc, int64_t T, int N, int K, int dr, int splits,
+                                 const char *needle, const char *what) {
+  for (int b = 0; b < g_num_backends; b++) {
+    smla_context *ctx = t_on(tc, b);
+    if (!ctx || b == T_CPU) continue;
+    smla_plan *plan = plan_for(tc, ctx, T, N, K, dr, SMLA_CACHE_BF16, splits, 0, 0);
+    if (!plan) continue;
+    const char *desc = smla_plan_describe(plan);
+    if (strncmp(desc, "cuda-sm90", 9) == 0)
+      t_expect(tc, strstr(desc, needle) != NULL, "%s: the plan should name \"%s\": %s", what,
+               needle, desc);
+    smla_plan_destroy(plan);
+  }
+}
+
 static void wide_flags(t_case *tc, int64_t T, int N, int K, int dr, float softcap, int sink,
                        int splits, int hb, uint32_t flags) {
   fwd_problem pb;
@@ -382,20 +392,10 @@ static void c_wide_n64_two_tiles(t_case *tc) { wide(tc, 2, 64, 128, 64, 0.0f, 0,
  * that fell back to another kernel cannot pass for it. */
 static void unsplit(t_case *tc, int N, int K, int dr, float softcap, int sink) {
   wide(tc, 3, N, K, dr, softcap, sink, 1);
-  for (int b = 0; b < g_num_backends; b++) {
-    smla_context *ctx = t_on(tc, b);
-    if (!ctx || b == T_CPU) continue;
-    smla_plan *plan = plan_for(tc, ctx, 3, N, K, dr, SMLA_CACHE_BF16, 1, 0, 0);
-    if (!plan) continue;
-    const char *desc = smla_plan_describe(plan);
-    if (strncmp(desc, "cuda-sm90", 9) == 0) {
-      const char *loop = N > 32 ? ", tile loop v11 (relay)" : ", swap-AB small-head tiles";
-      t_expect(tc, strstr(desc, loop) != NULL,
-               "K = %d (%d tiles, one split): the plan should name its tile loop (\"%s\"): %s",
-               K, (K + 63) / 64, loop + 2, desc);
-    }
-    smla_plan_destroy(plan);
-  }
+  char what[96];
+  snprintf(what, sizeof what, "K = %d (%d tiles, one split): its tile loop", K, (K + 63) / 64);
+  expect_sm90_describe(tc, 3, N, K, dr, 1,
+                       N > 32 ? "tile loop v11 (relay)" : "swap-AB small-head tiles", what);
 }
 /* Forced narrower head groups (desc.heads_per_block): N heads as ceil(N / hb) groups, on
  * the small-head sm90 kernel (hb heads a block) and, through fwd_run, the generic kernel
@@ -443,18 +443,8 @@ static void c_wide_n64_dr0_unsplit(t_case *tc) { unsplit(tc, 64, 2150, 0, 5.0f, 
 static void c_wide_persistent(t_case *tc) {
   wide(tc, 300, 64, 150, 64, 0.0f, 1, 1);
   wide(tc, 150, 128, 150, 0, 5.0f, 0, 1);
-  for (int b = 0; b < g_num_backends; b++) {
-    smla_context *ctx = t_on(tc, b);
-    if (!ctx || b == T_CPU) continue;
-    smla_plan *plan = plan_for(tc, ctx, 300, 64, 150, 64, SMLA_CACHE_BF16, 1, 0, 0);
-    if (!plan) continue;
-    const char *desc = smla_plan_describe(plan);
-    if (strncmp(desc, "cuda-sm90", 9) == 0)
-      t_expect(tc, strstr(desc, "tile loop v11") != NULL,
-               "one split of 300 rows at N = 64: the plan should name the 64-head kernel's "
-               "loop: %s", desc);
-    smla_plan_destroy(plan);
-  }
+  expect_sm90_describe(tc, 300, 64, 150, 64, 1, "tile loop v11",
+                       "one split of 300 rows at N = 64: the 64-head kernel's loop");
 }
 
 /* The sm90 kernel's two merges: forced 2, 3, 4, 6, 7 and 8 splits merge inside the kernel

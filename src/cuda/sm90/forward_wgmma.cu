@@ -8,7 +8,8 @@
  *
  * Work: one block per (row t, group of 64 heads, KV split), the same grid, split policy,
  * partial-state format and combine as the generic kernel (forward_impl.cuh), so the plan
- * can pick either. Three warpgroups (384 threads): a gather warpgroup (setmaxnreg 56)
+ * can pick either (or, built with SMLA_FWD90_PERSIST=1, v14, at one split a persistent grid
+ * whose blocks take several of these units in turn). Three warpgroups (384 threads): a gather warpgroup (setmaxnreg 56)
  * brings Q and the KV tiles of 64 gathered rows into two stages (cp.async, 8 lanes a
  * row), publishes each tile's used-entry bits and signals `full`; two compute
  * warpgroups (setmaxnreg 224) run v11, the relay (w11_loop): tile j belongs to warpgroup
