@@ -8,9 +8,9 @@
  *
  * Work: one block per (row t, group of 64 heads, KV split), the same grid, split policy,
  * partial-state format and combine as the generic kernel (forward_impl.cuh), so the plan
- * can pick either (or, built with SMLA_FWD90_PERSIST=1, v14, at one split a persistent grid
- * whose blocks take several of these units in turn). Three warpgroups (384 threads): a gather warpgroup (setmaxnreg 56)
- * brings Q and the KV tiles of 64 gathered rows into two stages (cp.async, 8 lanes a
+ * can pick either (or, built with SMLA_FWD90_PERSIST=1, v14, at one split a persistent
+ * grid whose blocks take several of these units in turn). Three warpgroups (384 threads):
+ * a gather warpgroup (setmaxnreg 56) brings Q and the KV tiles of 64 gathered rows into two stages (cp.async, 8 lanes a
  * row), publishes each tile's used-entry bits and signals `full`; two compute
  * warpgroups (setmaxnreg 224) run v11, the relay (w11_loop): tile j belongs to warpgroup
  * j % 2, which computes
@@ -70,9 +70,9 @@
  * grid of a.resident_blocks blocks, each taking units (t, group) blockIdx.x, + gridDim.x, ..,
  * so that the next unit's Q (once the last S of this one is done) and first two tiles (once
  * their stages' PVs are) load under this unit's last tiles and epilogue; a unit with a next
- * one stores its final rows from registers (W_DIRECT), the block's last unit stages them.
- * 2: that epilogue in a grid of one block a unit (the two parts apart). 0: one block a unit,
- * the epilogue staged through shared memory (v11 as measured to session 19). Measured once
+ * one stores its final rows from registers, the block's last unit stages them. 0: one
+ * block a unit, the epilogue staged through shared memory (v11 as measured to session 19;
+ * the unit loop then makes one pass and nobody waits on qfree). Measured once
  * (H100, bench/RESULTS.md session 20 call 1, with the direct epilogue at every unit): N = 128
  * T >= 1024 2.5-4.5% faster cold, N = 64 0-1.5% slower (gathers at the copy rate already),
  * N = 128 T = 64 5-7% slower (the direct stores); the mend (last unit staged, 8-byte stores)
@@ -80,7 +80,6 @@
 #ifndef SMLA_FWD90_PERSIST
 #define SMLA_FWD90_PERSIST 0
 #endif
-#define W_DIRECT (SMLA_FWD90_PERSIST != 0)
 
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
@@ -685,7 +684,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   const int64_t t = blk.t;
   const int split = blk.split, h0 = blk.grp * W_HEADS;
   const bool cmerge = a.cluster_merge != 0;
-  if (W_DIRECT && a.num_splits == 1 && !cmerge && bid + gridDim.x < units) {
+  if (SMLA_FWD90_PERSIST == 1 && bid + gridDim.x < units) { /* one split, no cluster merge */
     /* ---- epilogue, one split, a next unit to come: the final rows straight from the
      * registers (Q and the stages belong to the next unit by now). Each lane pairs with
      * its neighbour (tig ^ 1) so that a store is 8 bytes and a warp's store fills one
@@ -701,7 +700,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       if (live)
         r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row], rowmax_s[row],
                              rowtop_s[row], wg == 0 && tig == 0);
-      uint16_t *dst = r.out + 256 * wg + 2 * (tig & ~1);
+      uint16_t *dst = live ? r.out + 256 * wg + 2 * (tig & ~1) : NULL;
 #pragma unroll
       for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -717,7 +716,8 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
     }
     W_SYNC();
   } else {
-  /* ---- epilogue: final (num_splits == 1) or partial state, staged (one unit a block) ---- */
+  /* ---- epilogue: final (num_splits == 1) or partial state, staged (a block's last unit,
+   * which is its only one but in the persistent grid) ---- */
   /* O goes through shared memory (the KV stages are free: every tile was consumed and
    * both warpgroups passed the barrier above), then out in whole rows: each warp stores
    * 512 contiguous bytes per instruction instead of 8 rows x 32 B. Rows of 520 floats:
