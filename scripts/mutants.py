@@ -276,8 +276,8 @@ MUTANTS = [
       ": expf(l - lse);",
       "public merge kernel (v1) ignores the sink of sinked partials", "merge,dcp"),
     M("gpu_lazy_max_logit_ref", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "if (wg == 0) rowmax_s[row] = m_run[hh], rowtop_s[row] = m_top[hh];",
-      "if (wg == 0) rowmax_s[row] = m_run[hh], rowtop_s[row] = m_run[hh];",
+      "rowtop_s[wg * 64 + row] = m_top[hh];",
+      "rowtop_s[wg * 64 + row] = m_run[hh];",
       "sm90 lazy rescale: max_logit from the lagging reference max, not the row's largest "
       "logit", "wide,forward_N_64,forward_N_96"),
     M("gpu_lazy_tau_huge", "gpu", "src/cuda/sm90/forward_wgmma.cu",
