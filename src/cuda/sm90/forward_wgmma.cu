@@ -83,7 +83,10 @@
 
 /* SMLA_FWD90_PAIR (session 21; v15 in docs/design/cuda-sm90-forward.md; default 0 until
  * measured): 1: the 64-head kernel runs v15, tiles in pairs (w15_wg0 / w15_wg1 below)
- * with half-stage barriers, instead of v11's relay. */
+ * with half-stage barriers, instead of v11's relay; warpgroup 0 issues the next pair's S
+ * behind its cross PV and releases stage 1's left half once that PV is done (FlashMLA's
+ * order). 2: warpgroup 0 waits for its cross PV and releases that half before the next
+ * S waits for its rows, so the refill of that half does not wait for the next tile. */
 #ifndef SMLA_FWD90_PAIR
 #define SMLA_FWD90_PAIR 0
 #endif
@@ -778,7 +781,22 @@ __device__ __forceinline__ void w15_wg0(const smla_cuda_fwd_args &a, int np, uin
     mbar_wait(bar + W_BAR_PREADY(1), par);
     fence_proxy_async();
     w11_pv_ss(O, p1s, kv1, 0);
-    if (p + 1 < np) { /* the next pair's S, its left half under this PV */
+    if (SMLA_FWD90_PAIR == 2) { /* stage 1's left half released before the next S waits */
+      wg_wait<0>();
+      w11_pin_o(O);
+      mbar_arrive(bar + W_BAR_EMPTY(1, 0));
+      if (p + 1 < np) {
+        mbar_wait(bar + W_BAR_FULL(0, 0), par ^ 1u);
+        fence_proxy_async();
+        w15_s_part<0, 4, true>(s, q_s, kv0);
+        mbar_wait(bar + W_BAR_FULL(0, 1), par ^ 1u);
+        fence_proxy_async();
+        w15_s_part<4, KB, false>(s, q_s, kv0);
+        wg_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; i++) wg_pin(s[i]);
+      }
+    } else if (p + 1 < np) { /* the next pair's S, its left half under this PV */
       mbar_wait(bar + W_BAR_FULL(0, 0), par ^ 1u);
       fence_proxy_async();
       w15_s_part<0, 4, true>(s, q_s, kv0);
