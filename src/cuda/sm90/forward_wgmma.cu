@@ -108,9 +108,6 @@ struct w_layout {
 #define W_BAR_MREADY(w) (64u + 8u * (w))
 #define W_BAR_PREADY(w) (SMLA_FWD90_PAIR ? 80u + 8u * (w) : 32u + 8u * (w))
 #define W_BAR_QFREE (SMLA_FWD90_PAIR ? 96u : 48u)
-/* The used-entry words ([2] uint64, one a stage) from L.mask (v11: at offset 64 of a
- * 256-byte region, the layout the earlier loops shared). */
-#define W_MASK_OFF (SMLA_FWD90_PAIR ? 0u : 64u)
 
 __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   w_layout l = {};
@@ -127,7 +124,7 @@ __host__ __device__ constexpr w_layout w_layout_of(int dr) {
     l.red = l.xm + 2u * 64u * 4u;
     l.rowmax = l.red + 2u * 64u * 4u;
     l.rowtop = l.rowmax + 64u * 4u;
-    l.mask = l.rowtop + 2u * 64u * 4u;
+    l.mask = l.rowtop + 2u * 64u * 4u; /* [2] uint64 at offset 0 (v11: at 64) */
     l.bar = l.mask + 16u;
     l.total = l.bar + 13u * 8u;
     return l;
@@ -146,8 +143,8 @@ __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   return l;
 }
 
-/* A row's largest logit, from rowtop (at an address of this block or, cluster, of another):
- * v15 keeps one a warpgroup. */
+/* A row's largest logit from this block's rowtop (v15 keeps one a warpgroup; the cluster
+ * merge reads both through w_cluster_factor). */
 __device__ __forceinline__ float w_row_top(const float *rowtop, int row) {
   return SMLA_FWD90_PAIR ? fmax_nan(rowtop[row], rowtop[64 + row]) : rowtop[row];
 }
