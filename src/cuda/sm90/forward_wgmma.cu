@@ -312,6 +312,73 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
   wg_commit();
 }
 
+/* The online softmax of one tile's S (v11's own tiles, v15's every tile) (in s: the raw accumulators) for this thread's rows
+ * r0, r0 + 8: logits scaled (softcap), masked by the used-entry bits um (bit 8 n + e:
+ * column 8 n + 2 tig + e), m_top raised to the tile's max; m_new the reference max from
+ * mref (lazy: it stays while the max grew by at most W_TAU), alpha the factor from the
+ * reference O and the sums were relative to (m_run) to m_new, moved whether any changed;
+ * s then holds P = exp(logit - m_new) in fp32, pa the same as bf16 pairs (the A fragment
+ * of an RS wgmma), lsum its row sums (fp32). */
+__device__ __forceinline__ void w_softmax(const smla_cuda_fwd_args &a, float s[32], uint64_t um,
+                                            const float mref[2], const float m_run[2],
+                                            float m_top[2], float m_new[2], float alpha[2],
+                                            float lsum[2], uint32_t pa[16], bool &moved) {
+  const float NEG_INF = -INFINITY;
+  float tmax[2] = {NEG_INF, NEG_INF};
+  fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float v = s[4 * n + e];
+      v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
+      s[4 * n + e] = v;
+      tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
+    }
+  float mls[2];
+  moved = false;
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
+    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
+    m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
+    float m = fmax_nan(mref[hh], tmax[hh]); /* NaN: out, lse, max NaN */
+    if (W_TAU > 0.0f && m - mref[hh] <= W_TAU) m = mref[hh];
+    moved |= !(m == m_run[hh]); /* NaN moves */
+    const float use = m == NEG_INF ? 0.0f : m; /* nothing used yet */
+    alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
+    m_new[hh] = m;
+    mls[hh] = use * FWD_LOG2E;
+    lsum[hh] = 0.0f;
+  }
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
+      const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
+      s[4 * n + 2 * hh] = p0, s[4 * n + 2 * hh + 1] = p1;
+      lsum[hh] += p0 + p1;
+      pa[2 * n + hh] = pack_bf16x2(p0, p1);
+    }
+}
+
+/* pa (this thread's fragment of a [64][64] bf16 P) into the 128-byte-swizzled block at pb. */
+__device__ __forceinline__ void w_store_p(uint8_t *pb, const uint32_t pa[16], int r0, int tig) {
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+      *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
+}
+
+/* pa stays in its registers up to here (an RS wgmma read it asynchronously until the
+ * wait before this). */
+__device__ __forceinline__ void w_keep_pa(const uint32_t pa[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+}
+
 /* A probe build (kind 11) sums compute thread 0's time over its tiles in pt[1..6]: 1 the
  * wait for the PV before (and, on the other's tiles, the wait on pready: since session 14, so
  * that 2 is the gathers' share alone), 2 the wait on full (own tiles), 3 S issued
@@ -364,8 +431,7 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     float *xmj = (float *)(smem + L.xm) + st * 128u; /* [m, top][64] after tile j */
     /* The PV of tile j-1 (this warpgroup's part; RS: pa was read until here) is done. */
     wg_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+    w_keep_pa(pa);
     w11_pin_o(O);
     if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
     W11_PHASE(1);
@@ -405,53 +471,15 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     if (j + 2 >= ntiles && lane == 0) mbar_arrive(qfree_b);
     W11_PHASE(3);
 
-    float tmax[2] = {NEG_INF, NEG_INF};
-    fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float v = s[4 * n + e];
-        v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
-        s[4 * n + e] = v;
-        tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
-      }
-    float alpha[2], mls[2], lsum[2] = {0.0f, 0.0f};
-    bool moved = false;
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
-      tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
-      m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
-      float m_new = fmax_nan(m_run[hh], tmax[hh]); /* NaN: out, lse, max NaN */
-      /* Lazy (v10): the reference stays while the max grew by at most W_TAU. */
-      if (W_TAU > 0.0f && m_new - m_run[hh] <= W_TAU) m_new = m_run[hh];
-      else moved = true;
-      const float use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
-      alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-      m_run[hh] = m_new;
-      mls[hh] = use * FWD_LOG2E;
-    }
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
-        const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
-        lsum[hh] += p0 + p1;
-        pa[2 * n + hh] = pack_bf16x2(p0, p1);
-      }
+    float m_new[2], alpha[2], lsum[2];
+    bool moved;
+    w_softmax(a, s, um, m_run, m_run, m_top, m_new, alpha, lsum, pa, moved);
+    m_run[0] = m_new[0], m_run[1] = m_new[1];
 #if SMLA_PROBE
-#pragma unroll
-    for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+    w_keep_pa(pa);
 #endif
     W11_PHASE(4);
-    uint8_t *pb = smem + (pblk - sbase);
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++)
-        *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
+    w_store_p(smem + (pblk - sbase), pa, r0, tig);
     if (tig == 0)
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) xmj[r0 + 8 * hh] = m_run[hh], xmj[64 + r0 + 8 * hh] = m_top[hh];
@@ -493,8 +521,7 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     w11_step<DR>(a, smem, sbase, L, wg, j, g0 + (uint32_t)j, ntiles, (j & 1) == wg, O, m_run,
                  l_run, m_top, s, pa, q_s W11_STEP_PROBE);
   wg_wait<0>();
-#pragma unroll
-  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+  w_keep_pa(pa);
   w11_pin_o(O);
   /* The last tile's stage (its PVs done): the next unit's tiles may come in. */
   if (lane == 0) mbar_arrive(empty_b + 8u * ((g0 + (uint32_t)ntiles - 1u) & 1u));
@@ -636,71 +663,6 @@ __device__ __forceinline__ void w15_s_part(float s[32], uint32_t q_s, uint32_t k
   wg_commit();
 }
 
-/* The online softmax of one tile's S (in s: the raw accumulators) for this thread's rows
- * r0, r0 + 8: logits scaled (softcap), masked by the used-entry bits um (bit 8 n + e:
- * column 8 n + 2 tig + e), m_top raised to the tile's max; m_new the reference max from
- * mref (lazy: it stays while the max grew by at most W_TAU), alpha the factor from the
- * reference O and the sums were relative to (m_run) to m_new, moved whether any changed;
- * s then holds P = exp(logit - m_new) in fp32, pa the same as bf16 pairs (the A fragment
- * of an RS wgmma), lsum its row sums (fp32). */
-__device__ __forceinline__ void w15_softmax(const smla_cuda_fwd_args &a, float s[32], uint64_t um,
-                                            const float mref[2], const float m_run[2],
-                                            float m_top[2], float m_new[2], float alpha[2],
-                                            float lsum[2], uint32_t pa[16], bool &moved) {
-  const float NEG_INF = -INFINITY;
-  float tmax[2] = {NEG_INF, NEG_INF};
-  fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      float v = s[4 * n + e];
-      v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
-      s[4 * n + e] = v;
-      tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
-    }
-  float mls[2];
-  moved = false;
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) {
-    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
-    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
-    m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
-    float m = fmax_nan(mref[hh], tmax[hh]); /* NaN: out, lse, max NaN */
-    if (W_TAU > 0.0f && m - mref[hh] <= W_TAU) m = mref[hh];
-    moved |= !(m == m_run[hh]); /* NaN moves */
-    const float use = m == NEG_INF ? 0.0f : m; /* nothing used yet */
-    alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-    m_new[hh] = m;
-    mls[hh] = use * FWD_LOG2E;
-    lsum[hh] = 0.0f;
-  }
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
-      const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
-      s[4 * n + 2 * hh] = p0, s[4 * n + 2 * hh + 1] = p1;
-      lsum[hh] += p0 + p1;
-      pa[2 * n + hh] = pack_bf16x2(p0, p1);
-    }
-}
-
-/* pa (this thread's fragment of a [64][64] bf16 P) into the 128-byte-swizzled block at pb. */
-__device__ __forceinline__ void w15_store_p(uint8_t *pb, const uint32_t pa[16], int r0, int tig) {
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++)
-      *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
-}
-
-__device__ __forceinline__ void w15_keep_pa(const uint32_t pa[16]) {
-#pragma unroll
-  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
-}
-
 /* Warpgroup 0: the np pairs of a unit, the block's pairs gp0.. (stage phases count them). */
 template <int DR>
 __device__ __forceinline__ void w15_wg0(const smla_cuda_fwd_args &a, int np, uint32_t gp0,
@@ -738,7 +700,7 @@ __device__ __forceinline__ void w15_wg0(const smla_cuda_fwd_args &a, int np, uin
     if (p + 1 == np && lane == 0) mbar_arrive(bar + W_BAR_QFREE);
     float m0[2], alpha[2], lsum[2];
     bool moved;
-    w15_softmax(a, s, umask[0] >> (2 * tig), m_run, m_run, m_top, m0, alpha, lsum, pa, moved);
+    w_softmax(a, s, umask[0] >> (2 * tig), m_run, m_run, m_top, m0, alpha, lsum, pa, moved);
     if (tig == 0) xm[r0] = m0[0], xm[r0 + 8] = m0[1];
     mbar_arrive(bar + W_BAR_MREADY(0));
 #pragma unroll
@@ -746,7 +708,7 @@ __device__ __forceinline__ void w15_wg0(const smla_cuda_fwd_args &a, int np, uin
     if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
     w11_pv_rs(O, pa, kv0, 0);
     wg_wait<0>();
-    w15_keep_pa(pa);
+    w_keep_pa(pa);
     w11_pin_o(O);
     mbar_arrive(bar + W_BAR_EMPTY(0, 0)); /* stage 0's left half: its last reader done */
     /* m1: P0 and O move to it. */
@@ -771,7 +733,7 @@ __device__ __forceinline__ void w15_wg0(const smla_cuda_fwd_args &a, int np, uin
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) l_run[hh] *= beta[hh];
     }
-    w15_store_p(p0b, pa, r0, tig);
+    w_store_p(p0b, pa, r0, tig);
     fence_proxy_async(); /* P0 visible to warpgroup 1's wgmma */
     mbar_arrive(bar + W_BAR_PREADY(0));
     if (scale) w11_scale_o(O, beta);
@@ -850,7 +812,7 @@ __device__ __forceinline__ void w15_wg1(const smla_cuda_fwd_args &a, int np, uin
     float m0[2], m1[2], alpha[2], lsum[2];
     m0[0] = xm[r0], m0[1] = xm[r0 + 8];
     bool moved;
-    w15_softmax(a, s, um, m0, m_run, m_top, m1, alpha, lsum, pa, moved);
+    w_softmax(a, s, um, m0, m_run, m_top, m1, alpha, lsum, pa, moved);
     if (tig == 0) xm[64 + r0] = m1[0], xm[64 + r0 + 8] = m1[1];
     mbar_arrive(bar + W_BAR_MREADY(1));
 #pragma unroll
@@ -860,14 +822,14 @@ __device__ __forceinline__ void w15_wg1(const smla_cuda_fwd_args &a, int np, uin
     }
     if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
     w11_pv_rs(O, pa, kv1, 1);
-    w15_store_p(p1b, pa, r0, tig);
+    w_store_p(p1b, pa, r0, tig);
     fence_proxy_async(); /* P1 visible to warpgroup 0's wgmma */
     mbar_arrive(bar + W_BAR_PREADY(1));
     mbar_wait(bar + W_BAR_PREADY(0), par);
     fence_proxy_async();
     w11_pv_ss(O, p0s, kv0, 1);
     wg_wait<1>();
-    w15_keep_pa(pa);
+    w_keep_pa(pa);
     mbar_arrive(bar + W_BAR_EMPTY(1, 1)); /* stage 1's right half: its last reader done */
     wg_wait<0>();
     w11_pin_o(O);
