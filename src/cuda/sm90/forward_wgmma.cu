@@ -82,7 +82,7 @@
 #endif
 
 /* SMLA_FWD90_PAIR (session 21; v15 in docs/design/cuda-sm90-forward.md; default 0 until
- * measured): 1: the 64-head kernel runs v15, tiles in pairs (w15_wg0 / w15_wg1 below)
+ * measured): 1: the 64-head kernel runs v15, tiles in pairs (w15_pairs below)
  * with half-stage barriers, instead of v11's relay; warpgroup 0 issues the next pair's S
  * behind its cross PV and releases stage 1's left half once that PV is done (FlashMLA's
  * order). 2: warpgroup 0 waits for its cross PV and releases that half before the next
@@ -663,177 +663,162 @@ __device__ __forceinline__ void w15_s_part(float s[32], uint32_t q_s, uint32_t k
   wg_commit();
 }
 
-/* Warpgroup 0: the np pairs of a unit, the block's pairs gp0.. (stage phases count them). */
-template <int DR>
-__device__ __forceinline__ void w15_wg0(const smla_cuda_fwd_args &a, int np, uint32_t gp0,
-                                        uint8_t *smem, uint32_t sbase, const w_layout &L,
-                                        float O[2][64], float m_run[2], float l_run[2],
-                                        float m_top[2]) {
+/* One compute warpgroup's pairs of a unit (WG 0: tiles 2i, WG 1: tiles 2i + 1; the comment
+ * above says in which order), the block's pairs gp0.. (the stage phases count them). */
+template <int DR, int WG>
+__device__ __forceinline__ void w15_pairs(const smla_cuda_fwd_args &a, int np, uint32_t gp0,
+                                          uint8_t *smem, uint32_t sbase, const w_layout &L,
+                                          float O[2][64], float m_run[2], float l_run[2],
+                                          float m_top[2]) {
   constexpr int KB = (512 + DR) / 64;
   constexpr uint32_t TILE = KB * W_KB_BYTES;
   const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
   const uint32_t bar = sbase + L.bar, kv0 = sbase + L.kv, kv1 = kv0 + TILE;
-  uint8_t *p0b = smem + (DR ? L.kv + 8u * W_KB_BYTES : L.p); /* P0, read by warpgroup 1 */
-  const uint32_t p1s = sbase + L.p + (DR ? 0u : W_KB_BYTES);  /* P1, from warpgroup 1 */
-  float *xm = (float *)(smem + L.xm);
+  const uint32_t p0s = DR ? kv0 + 8u * W_KB_BYTES : sbase + L.p; /* P0 (warpgroup 0's) */
+  const uint32_t p1s = sbase + L.p + (DR ? 0u : W_KB_BYTES);      /* P1 (warpgroup 1's) */
+  float *xm = (float *)(smem + L.xm); /* [wg][64]: m0, m1 */
   const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask);
   const uint32_t q_s = sbase + L.q;
   float s[32];
   uint32_t pa[16];
-  { /* the first pair's S */
-    const uint32_t par = gp0 & 1u;
-    mbar_wait(bar + W_BAR_FULL(0, 0), par);
-    fence_proxy_async();
-    w15_s_part<0, 4, true>(s, q_s, kv0);
-    mbar_wait(bar + W_BAR_FULL(0, 1), par);
-    fence_proxy_async();
-    w15_s_part<4, KB, false>(s, q_s, kv0);
-    wg_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 32; i++) wg_pin(s[i]);
-  }
-#pragma unroll 1
-  for (int p = 0; p < np; p++) {
-    const uint32_t par = (gp0 + (uint32_t)p) & 1u;
-    /* This warpgroup's last S of the unit has read Q: the next unit's may come in. */
-    if (p + 1 == np && lane == 0) mbar_arrive(bar + W_BAR_QFREE);
-    float m0[2], alpha[2], lsum[2];
-    bool moved;
-    w_softmax(a, s, umask[0] >> (2 * tig), m_run, m_run, m_top, m0, alpha, lsum, pa, moved);
-    if (tig == 0) xm[r0] = m0[0], xm[r0 + 8] = m0[1];
-    mbar_arrive(bar + W_BAR_MREADY(0));
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
-    if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
-    w11_pv_rs(O, pa, kv0, 0);
-    wg_wait<0>();
-    w_keep_pa(pa);
-    w11_pin_o(O);
-    mbar_arrive(bar + W_BAR_EMPTY(0, 0)); /* stage 0's left half: its last reader done */
-    /* m1: P0 and O move to it. */
-    mbar_wait(bar + W_BAR_MREADY(1), par);
-    float beta[2];
-    bool moved1 = false;
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const float m1 = xm[64 + r0 + 8 * hh];
-      moved1 |= !(m1 == m0[hh]); /* NaN moves */
-      const float use = m1 == -INFINITY ? 0.0f : m1;
-      beta[hh] = ex2_approx((m0[hh] - use) * FWD_LOG2E);
-      m_run[hh] = m1;
-    }
-    const bool scale = __any_sync(0xffffffffu, moved1);
-    if (scale) {
-#pragma unroll
-      for (int n = 0; n < 8; n++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++)
-          pa[2 * n + hh] = pack_bf16x2(s[4 * n + 2 * hh] * beta[hh], s[4 * n + 2 * hh + 1] * beta[hh]);
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) l_run[hh] *= beta[hh];
-    }
-    w_store_p(p0b, pa, r0, tig);
-    fence_proxy_async(); /* P0 visible to warpgroup 1's wgmma */
-    mbar_arrive(bar + W_BAR_PREADY(0));
-    if (scale) w11_scale_o(O, beta);
-    mbar_wait(bar + W_BAR_PREADY(1), par);
-    fence_proxy_async();
-    w11_pv_ss(O, p1s, kv1, 0);
-    if (SMLA_FWD90_PAIR == 2) { /* stage 1's left half released before the next S waits */
+  if constexpr (WG == 0) {
+    { /* the first pair's S */
+      const uint32_t par = gp0 & 1u;
+      mbar_wait(bar + W_BAR_FULL(0, 0), par);
+      fence_proxy_async();
+      w15_s_part<0, 4, true>(s, q_s, kv0);
+      mbar_wait(bar + W_BAR_FULL(0, 1), par);
+      fence_proxy_async();
+      w15_s_part<4, KB, false>(s, q_s, kv0);
       wg_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; i++) wg_pin(s[i]);
+    }
+#pragma unroll 1
+    for (int p = 0; p < np; p++) {
+      const uint32_t par = (gp0 + (uint32_t)p) & 1u;
+      /* This warpgroup's last S of the unit has read Q: the next unit's may come in. */
+      if (p + 1 == np && lane == 0) mbar_arrive(bar + W_BAR_QFREE);
+      float m0[2], alpha[2], lsum[2];
+      bool moved;
+      w_softmax(a, s, umask[0] >> (2 * tig), m_run, m_run, m_top, m0, alpha, lsum, pa, moved);
+      if (tig == 0) xm[r0] = m0[0], xm[r0 + 8] = m0[1];
+      mbar_arrive(bar + W_BAR_MREADY(0));
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
+      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
+      w11_pv_rs(O, pa, kv0, 0);
+      wg_wait<0>();
+      w_keep_pa(pa);
       w11_pin_o(O);
-      mbar_arrive(bar + W_BAR_EMPTY(1, 0));
-      if (p + 1 < np) {
+      mbar_arrive(bar + W_BAR_EMPTY(0, 0)); /* stage 0's left half: its last reader done */
+      /* m1: P0 and O move to it. */
+      mbar_wait(bar + W_BAR_MREADY(1), par);
+      float beta[2];
+      bool moved1 = false;
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const float m1 = xm[64 + r0 + 8 * hh];
+        moved1 |= !(m1 == m0[hh]); /* NaN moves */
+        const float use = m1 == -INFINITY ? 0.0f : m1;
+        beta[hh] = ex2_approx((m0[hh] - use) * FWD_LOG2E);
+        m_run[hh] = m1;
+      }
+      const bool scale = __any_sync(0xffffffffu, moved1);
+      if (scale) {
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+          for (int hh = 0; hh < 2; hh++)
+            pa[2 * n + hh] =
+                pack_bf16x2(s[4 * n + 2 * hh] * beta[hh], s[4 * n + 2 * hh + 1] * beta[hh]);
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) l_run[hh] *= beta[hh];
+      }
+      w_store_p(smem + (p0s - sbase), pa, r0, tig);
+      fence_proxy_async(); /* P0 visible to warpgroup 1's wgmma */
+      mbar_arrive(bar + W_BAR_PREADY(0));
+      if (scale) w11_scale_o(O, beta);
+      mbar_wait(bar + W_BAR_PREADY(1), par);
+      fence_proxy_async();
+      w11_pv_ss(O, p1s, kv1, 0);
+      if (SMLA_FWD90_PAIR == 2) { /* stage 1's left half released before the next S waits */
+        wg_wait<0>();
+        w11_pin_o(O);
+        mbar_arrive(bar + W_BAR_EMPTY(1, 0));
+        if (p + 1 < np) {
+          mbar_wait(bar + W_BAR_FULL(0, 0), par ^ 1u);
+          fence_proxy_async();
+          w15_s_part<0, 4, true>(s, q_s, kv0);
+          mbar_wait(bar + W_BAR_FULL(0, 1), par ^ 1u);
+          fence_proxy_async();
+          w15_s_part<4, KB, false>(s, q_s, kv0);
+          wg_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 32; i++) wg_pin(s[i]);
+        }
+      } else if (p + 1 < np) { /* the next pair's S, its left half under this PV */
         mbar_wait(bar + W_BAR_FULL(0, 0), par ^ 1u);
         fence_proxy_async();
         w15_s_part<0, 4, true>(s, q_s, kv0);
+        wg_wait<1>();
+        w11_pin_o(O);
+        mbar_arrive(bar + W_BAR_EMPTY(1, 0));
         mbar_wait(bar + W_BAR_FULL(0, 1), par ^ 1u);
         fence_proxy_async();
         w15_s_part<4, KB, false>(s, q_s, kv0);
         wg_wait<0>();
 #pragma unroll
         for (int i = 0; i < 32; i++) wg_pin(s[i]);
+      } else {
+        wg_wait<0>();
+        w11_pin_o(O);
+        mbar_arrive(bar + W_BAR_EMPTY(1, 0));
       }
-    } else if (p + 1 < np) { /* the next pair's S, its left half under this PV */
-      mbar_wait(bar + W_BAR_FULL(0, 0), par ^ 1u);
+    }
+  } else {
+#pragma unroll 1
+    for (int p = 0; p < np; p++) {
+      const uint32_t par = (gp0 + (uint32_t)p) & 1u;
+      mbar_wait(bar + W_BAR_FULL(1, 1), par); /* the half warpgroup 1's own PV frees first */
       fence_proxy_async();
-      w15_s_part<0, 4, true>(s, q_s, kv0);
-      wg_wait<1>();
-      w11_pin_o(O);
-      mbar_arrive(bar + W_BAR_EMPTY(1, 0));
-      mbar_wait(bar + W_BAR_FULL(0, 1), par ^ 1u);
+      w15_s_part<4, KB, true>(s, q_s, kv1);
+      mbar_wait(bar + W_BAR_FULL(1, 0), par);
       fence_proxy_async();
-      w15_s_part<4, KB, false>(s, q_s, kv0);
+      w15_s_part<0, 4, false>(s, q_s, kv1);
       wg_wait<0>();
 #pragma unroll
       for (int i = 0; i < 32; i++) wg_pin(s[i]);
-    } else {
+      if (p + 1 == np && lane == 0) mbar_arrive(bar + W_BAR_QFREE);
+      const uint64_t um = umask[1] >> (2 * tig);
+      mbar_wait(bar + W_BAR_MREADY(0), par);
+      float m0[2], m1[2], alpha[2], lsum[2];
+      m0[0] = xm[r0], m0[1] = xm[r0 + 8];
+      bool moved;
+      w_softmax(a, s, um, m0, m_run, m_top, m1, alpha, lsum, pa, moved);
+      if (tig == 0) xm[64 + r0] = m1[0], xm[64 + r0 + 8] = m1[1];
+      mbar_arrive(bar + W_BAR_MREADY(1));
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
+        m_run[hh] = m1[hh];
+      }
+      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
+      w11_pv_rs(O, pa, kv1, 1);
+      w_store_p(smem + (p1s - sbase), pa, r0, tig);
+      fence_proxy_async(); /* P1 visible to warpgroup 0's wgmma */
+      mbar_arrive(bar + W_BAR_PREADY(1));
+      mbar_wait(bar + W_BAR_PREADY(0), par);
+      fence_proxy_async();
+      w11_pv_ss(O, p0s, kv0, 1);
+      wg_wait<1>();
+      w_keep_pa(pa);
+      mbar_arrive(bar + W_BAR_EMPTY(1, 1)); /* stage 1's right half: its last reader done */
       wg_wait<0>();
       w11_pin_o(O);
-      mbar_arrive(bar + W_BAR_EMPTY(1, 0));
+      mbar_arrive(bar + W_BAR_EMPTY(0, 1));
     }
-  }
-}
-
-/* Warpgroup 1: the np pairs of a unit, as w15_wg0. */
-template <int DR>
-__device__ __forceinline__ void w15_wg1(const smla_cuda_fwd_args &a, int np, uint32_t gp0,
-                                        uint8_t *smem, uint32_t sbase, const w_layout &L,
-                                        float O[2][64], float m_run[2], float l_run[2],
-                                        float m_top[2]) {
-  constexpr int KB = (512 + DR) / 64;
-  constexpr uint32_t TILE = KB * W_KB_BYTES;
-  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
-  const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
-  const uint32_t bar = sbase + L.bar, kv0 = sbase + L.kv, kv1 = kv0 + TILE;
-  const uint32_t p0s = DR ? kv0 + 8u * W_KB_BYTES : sbase + L.p; /* P0, from warpgroup 0 */
-  uint8_t *p1b = smem + L.p + (DR ? 0u : W_KB_BYTES);             /* P1, read by warpgroup 0 */
-  float *xm = (float *)(smem + L.xm);
-  const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask);
-  const uint32_t q_s = sbase + L.q;
-  float s[32];
-  uint32_t pa[16];
-#pragma unroll 1
-  for (int p = 0; p < np; p++) {
-    const uint32_t par = (gp0 + (uint32_t)p) & 1u;
-    mbar_wait(bar + W_BAR_FULL(1, 1), par); /* the half warpgroup 1's own PV frees first */
-    fence_proxy_async();
-    w15_s_part<4, KB, true>(s, q_s, kv1);
-    mbar_wait(bar + W_BAR_FULL(1, 0), par);
-    fence_proxy_async();
-    w15_s_part<0, 4, false>(s, q_s, kv1);
-    wg_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 32; i++) wg_pin(s[i]);
-    if (p + 1 == np && lane == 0) mbar_arrive(bar + W_BAR_QFREE);
-    const uint64_t um = umask[1] >> (2 * tig);
-    mbar_wait(bar + W_BAR_MREADY(0), par);
-    float m0[2], m1[2], alpha[2], lsum[2];
-    m0[0] = xm[r0], m0[1] = xm[r0 + 8];
-    bool moved;
-    w_softmax(a, s, um, m0, m_run, m_top, m1, alpha, lsum, pa, moved);
-    if (tig == 0) xm[64 + r0] = m1[0], xm[64 + r0 + 8] = m1[1];
-    mbar_arrive(bar + W_BAR_MREADY(1));
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
-      m_run[hh] = m1[hh];
-    }
-    if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
-    w11_pv_rs(O, pa, kv1, 1);
-    w_store_p(p1b, pa, r0, tig);
-    fence_proxy_async(); /* P1 visible to warpgroup 0's wgmma */
-    mbar_arrive(bar + W_BAR_PREADY(1));
-    mbar_wait(bar + W_BAR_PREADY(0), par);
-    fence_proxy_async();
-    w11_pv_ss(O, p0s, kv0, 1);
-    wg_wait<1>();
-    w_keep_pa(pa);
-    mbar_arrive(bar + W_BAR_EMPTY(1, 1)); /* stage 1's right half: its last reader done */
-    wg_wait<0>();
-    w11_pin_o(O);
-    mbar_arrive(bar + W_BAR_EMPTY(0, 1));
   }
 }
 
@@ -1014,8 +999,8 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   if (ntiles > 0) {
 #if SMLA_FWD90_PAIR
     const int np = (ntiles + 1) / 2;
-    if (wg == 0) w15_wg0<DR>(a, np, g0, smem, sbase, L, O, m_run, l_run, m_top);
-    else w15_wg1<DR>(a, np, g0, smem, sbase, L, O, m_run, l_run, m_top);
+    if (wg == 0) w15_pairs<DR, 0>(a, np, g0, smem, sbase, L, O, m_run, l_run, m_top);
+    else w15_pairs<DR, 1>(a, np, g0, smem, sbase, L, O, m_run, l_run, m_top);
     g0 += (uint32_t)np; /* v15: pairs */
 #elif SMLA_PROBE
     w11_loop<DR>(a, ntiles, g0, smem, sbase, L, wg, O, m_run, l_run, m_top, probe_t_);
