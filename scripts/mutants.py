@@ -189,9 +189,9 @@ MUTANTS = [
       "both sm90 kernels (v11, small-head: wg_s_issue) leave the rope block out of S",
       "forward"),
     M("gpu_sm90_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "    alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);",
-      "    alpha[hh] = m_run[hh] == NEG_INF ? 0.0f : 1.0f;",
-      "sm90 kernel (v11, v15: w_softmax): a tile's own softmax never rescales the running output and sum "
+      "      alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);",
+      "      alpha[hh] = m_run[hh] == NEG_INF ? 0.0f : 1.0f;",
+      "sm90 kernel (v11): a tile's own softmax never rescales the running output and sum "
       "when the max grows", "forward,wide"),
     M("gpu_relay_cross_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
       "      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);\n      w11_pv_ss(",
@@ -276,8 +276,8 @@ MUTANTS = [
       ": expf(l - lse);",
       "public merge kernel (v1) ignores the sink of sinked partials", "merge,dcp"),
     M("gpu_lazy_max_logit_ref", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "rowtop_s[wg * 64 + row] = m_top[hh];",
-      "rowtop_s[wg * 64 + row] = m_run[hh];",
+      "if (wg == 0) rowmax_s[row] = m_run[hh], rowtop_s[row] = m_top[hh];",
+      "if (wg == 0) rowmax_s[row] = m_run[hh], rowtop_s[row] = m_run[hh];",
       "sm90 lazy rescale: max_logit from the lagging reference max, not the row's largest "
       "logit", "wide,forward_N_64,forward_N_96"),
     M("gpu_lazy_tau_huge", "gpu", "src/cuda/sm90/forward_wgmma.cu",

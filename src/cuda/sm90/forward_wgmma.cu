@@ -81,16 +81,6 @@
 #define SMLA_FWD90_PERSIST 0
 #endif
 
-/* SMLA_FWD90_PAIR (session 21; v15 in docs/design/cuda-sm90-forward.md; default 0 until
- * measured): 1: the 64-head kernel runs v15, tiles in pairs (w15_pairs below)
- * with half-stage barriers, instead of v11's relay; warpgroup 0 issues the next pair's S
- * behind its cross PV and releases stage 1's left half once that PV is done (FlashMLA's
- * order). 2: warpgroup 0 waits for its cross PV and releases that half before the next
- * S waits for its rows, so the refill of that half does not wait for the next tile. */
-#ifndef SMLA_FWD90_PAIR
-#define SMLA_FWD90_PAIR 0
-#endif
-
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
 #define W_HEADS 64
@@ -100,37 +90,13 @@ struct w_layout {
   uint32_t q, kv, p, xm, red, rowmax, rowtop, mask, bar, total;
 };
 
-/* Offsets from L.bar of the mbarriers. v11: full[2], empty[2], pready[2], qfree. v15
- * (SMLA_FWD90_PAIR): full[stage][half], empty[stage][half] (half 0: column blocks 0-3, V's
- * left 256 columns; half 1: the rest), mready[wg], pready[wg], qfree. */
-#define W_BAR_FULL(st, h) (SMLA_FWD90_PAIR ? 8u * (2u * (st) + (h)) : 8u * (st))
-#define W_BAR_EMPTY(st, h) (SMLA_FWD90_PAIR ? 32u + 8u * (2u * (st) + (h)) : 16u + 8u * (st))
-#define W_BAR_MREADY(w) (64u + 8u * (w))
-#define W_BAR_PREADY(w) (SMLA_FWD90_PAIR ? 80u + 8u * (w) : 32u + 8u * (w))
-#define W_BAR_QFREE (SMLA_FWD90_PAIR ? 96u : 48u)
-
 __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   w_layout l = {};
   const uint32_t tile = (uint32_t)((512 + dr) / 64) * W_KB_BYTES;
   l.q = 0;
   l.kv = l.q + tile;
-  l.p = l.kv + 2u * tile;
-  if (SMLA_FWD90_PAIR) {
-    /* v15: P of tile 2i (warpgroup 0's) goes in stage 0's rope block at dr = 64 (at p at
-     * dr = 0), P of tile 2i + 1 at p (p + 8 KB at dr = 0): stage 1's rope block is
-     * refilled before warpgroup 0's PV has read it. xm: [wg][64] float, each warpgroup's
-     * reference max of the pair; rowtop: [wg][64], each warpgroup's largest logit. */
-    l.xm = l.p + (dr ? 1u : 2u) * W_KB_BYTES;
-    l.red = l.xm + 2u * 64u * 4u;
-    l.rowmax = l.red + 2u * 64u * 4u;
-    l.rowtop = l.rowmax + 64u * 4u;
-    l.mask = l.rowtop + 2u * 64u * 4u; /* [2] uint64 at offset 0 (v11: at 64) */
-    l.bar = l.mask + 16u;
-    l.total = l.bar + 13u * 8u;
-    return l;
-  }
-  /* dr = 0: P of stage 0, then P of stage 1 (dr = 64: P of a stage goes in its rope
-   * block, which only S reads) */
+  l.p = l.kv + 2u * tile; /* dr = 0: P of stage 0, then P of stage 1 (dr = 64: P of a
+                             stage goes in its rope block, which only S reads) */
   /* [2 stages][m, top][64] float: the reference max and the largest logit after the
    * stage's tile (dr = 64: in the 8 KB block at p). */
   l.xm = dr ? l.p : l.p + 2u * W_KB_BYTES;
@@ -141,12 +107,6 @@ __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], pready[2], qfree */
   l.total = l.bar + 7u * 8u;
   return l;
-}
-
-/* A row's largest logit from this block's rowtop (v15 keeps one a warpgroup; the cluster
- * merge reads both through w_cluster_factor). */
-__device__ __forceinline__ float w_row_top(const float *rowtop, int row) {
-  return SMLA_FWD90_PAIR ? fmax_nan(rowtop[row], rowtop[64 + row]) : rowtop[row];
 }
 /* Both layouts, with the 1 KB slack that aligns the base, within the 227 KB opt-in (else
  * the plan would drop to the generic kernel at run time). */
@@ -186,8 +146,6 @@ __device__ __forceinline__ float w_cluster_factor(const smla_cuda_fwd_args &a, i
     lk[k] = ld_cluster_f32(red_s + 4u * row, (uint32_t)k) +
             ld_cluster_f32(red_s + 256u + 4u * row, (uint32_t)k);
     if (writer) top = fmax_nan(top, ld_cluster_f32(rowtop_s + 4u * row, (uint32_t)k));
-    if (writer && SMLA_FWD90_PAIR) /* v15: one largest logit a warpgroup */
-      top = fmax_nan(top, ld_cluster_f32(rowtop_s + 256u + 4u * row, (uint32_t)k));
   }
 #pragma unroll
   for (int k = 0; k < 8; k++)
@@ -312,73 +270,6 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
   wg_commit();
 }
 
-/* The online softmax of one tile's S (v11's own tiles, v15's every tile) (in s: the raw accumulators) for this thread's rows
- * r0, r0 + 8: logits scaled (softcap), masked by the used-entry bits um (bit 8 n + e:
- * column 8 n + 2 tig + e), m_top raised to the tile's max; m_new the reference max from
- * mref (lazy: it stays while the max grew by at most W_TAU), alpha the factor from the
- * reference O and the sums were relative to (m_run) to m_new, moved whether any changed;
- * s then holds P = exp(logit - m_new) in fp32, pa the same as bf16 pairs (the A fragment
- * of an RS wgmma), lsum its row sums (fp32). */
-__device__ __forceinline__ void w_softmax(const smla_cuda_fwd_args &a, float s[32], uint64_t um,
-                                            const float mref[2], const float m_run[2],
-                                            float m_top[2], float m_new[2], float alpha[2],
-                                            float lsum[2], uint32_t pa[16], bool &moved) {
-  const float NEG_INF = -INFINITY;
-  float tmax[2] = {NEG_INF, NEG_INF};
-  fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      float v = s[4 * n + e];
-      v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
-      s[4 * n + e] = v;
-      tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
-    }
-  float mls[2];
-  moved = false;
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) {
-    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
-    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
-    m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
-    float m = fmax_nan(mref[hh], tmax[hh]); /* NaN: out, lse, max NaN */
-    if (W_TAU > 0.0f && m - mref[hh] <= W_TAU) m = mref[hh];
-    moved |= !(m == m_run[hh]); /* NaN moves */
-    const float use = m == NEG_INF ? 0.0f : m; /* nothing used yet */
-    alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-    m_new[hh] = m;
-    mls[hh] = use * FWD_LOG2E;
-    lsum[hh] = 0.0f;
-  }
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
-      const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
-      s[4 * n + 2 * hh] = p0, s[4 * n + 2 * hh + 1] = p1;
-      lsum[hh] += p0 + p1;
-      pa[2 * n + hh] = pack_bf16x2(p0, p1);
-    }
-}
-
-/* pa (this thread's fragment of a [64][64] bf16 P) into the 128-byte-swizzled block at pb. */
-__device__ __forceinline__ void w_store_p(uint8_t *pb, const uint32_t pa[16], int r0, int tig) {
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++)
-      *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
-}
-
-/* pa stays in its registers up to here (an RS wgmma read it asynchronously until the
- * wait before this). */
-__device__ __forceinline__ void w_keep_pa(const uint32_t pa[16]) {
-#pragma unroll
-  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
-}
-
 /* A probe build (kind 11) sums compute thread 0's time over its tiles in pt[1..6]: 1 the
  * wait for the PV before (and, on the other's tiles, the wait on pready: since session 14, so
  * that 2 is the gathers' share alone), 2 the wait on full (own tiles), 3 S issued
@@ -431,7 +322,8 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     float *xmj = (float *)(smem + L.xm) + st * 128u; /* [m, top][64] after tile j */
     /* The PV of tile j-1 (this warpgroup's part; RS: pa was read until here) is done. */
     wg_wait<0>();
-    w_keep_pa(pa);
+#pragma unroll
+    for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
     w11_pin_o(O);
     if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
     W11_PHASE(1);
@@ -471,15 +363,53 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     if (j + 2 >= ntiles && lane == 0) mbar_arrive(qfree_b);
     W11_PHASE(3);
 
-    float m_new[2], alpha[2], lsum[2];
-    bool moved;
-    w_softmax(a, s, um, m_run, m_run, m_top, m_new, alpha, lsum, pa, moved);
-    m_run[0] = m_new[0], m_run[1] = m_new[1];
+    float tmax[2] = {NEG_INF, NEG_INF};
+    fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float v = s[4 * n + e];
+        v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
+        s[4 * n + e] = v;
+        tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
+      }
+    float alpha[2], mls[2], lsum[2] = {0.0f, 0.0f};
+    bool moved = false;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
+      tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
+      m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
+      float m_new = fmax_nan(m_run[hh], tmax[hh]); /* NaN: out, lse, max NaN */
+      /* Lazy (v10): the reference stays while the max grew by at most W_TAU. */
+      if (W_TAU > 0.0f && m_new - m_run[hh] <= W_TAU) m_new = m_run[hh];
+      else moved = true;
+      const float use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
+      alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
+      m_run[hh] = m_new;
+      mls[hh] = use * FWD_LOG2E;
+    }
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
+        const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
+        lsum[hh] += p0 + p1;
+        pa[2 * n + hh] = pack_bf16x2(p0, p1);
+      }
 #if SMLA_PROBE
-    w_keep_pa(pa);
+#pragma unroll
+    for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
 #endif
     W11_PHASE(4);
-    w_store_p(smem + (pblk - sbase), pa, r0, tig);
+    uint8_t *pb = smem + (pblk - sbase);
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++)
+        *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
     if (tig == 0)
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) xmj[r0 + 8 * hh] = m_run[hh], xmj[64 + r0 + 8 * hh] = m_top[hh];
@@ -521,17 +451,18 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     w11_step<DR>(a, smem, sbase, L, wg, j, g0 + (uint32_t)j, ntiles, (j & 1) == wg, O, m_run,
                  l_run, m_top, s, pa, q_s W11_STEP_PROBE);
   wg_wait<0>();
-  w_keep_pa(pa);
+#pragma unroll
+  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
   w11_pin_o(O);
   /* The last tile's stage (its PVs done): the next unit's tiles may come in. */
   if (lane == 0) mbar_arrive(empty_b + 8u * ((g0 + (uint32_t)ntiles - 1u) & 1u));
 }
 
 
-/* A gather warp's copies of its 16 rows of a tile (column blocks CB0..CB1 - 1) into the
- * stage at base: 4 rows an instruction, lane (rl, cl) chunk cl of row 4 rg + rl; the slot
- * sc and used bit u_mine of row 16 pw + r sit in lane r (and r + 16). */
-template <int CB0, int CB1>
+/* A gather warp's copies of its 16 rows of a tile (KB column blocks) into the stage at
+ * base: 4 rows an instruction, lane (rl, cl) chunk cl of row 4 rg + rl; the slot sc and
+ * used bit u_mine of row 16 pw + r sit in lane r (and r + 16). */
+template <int KB>
 __device__ __forceinline__ void w_gather_rows(const smla_cuda_fwd_args &a, uint32_t base,
                                               int pw, int rl, int cl, int32_t sc, int u_mine) {
 #pragma unroll 1
@@ -541,7 +472,7 @@ __device__ __forceinline__ void w_gather_rows(const smla_cuda_fwd_args &a, uint3
     const int u = __shfl_sync(0xffffffffu, u_mine, rr);
     const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
 #pragma unroll
-    for (int cb = CB0; cb < CB1; cb++)
+    for (int cb = 0; cb < KB; cb++)
       cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
   }
 }
@@ -612,264 +543,9 @@ __device__ __forceinline__ unsigned w_gather_tiles(const smla_cuda_fwd_args &a, 
         mbar_arrive(full_b + 8u * st);
       }
     }
-    w_gather_rows<0, KB>(a, kv_s + st * (uint32_t)(KB * W_KB_BYTES), pw, rl, cl, sc, u_mine);
+    w_gather_rows<KB>(a, kv_s + st * (uint32_t)(KB * W_KB_BYTES), pw, rl, cl, sc, u_mine);
     /* This thread's arrival, once its copies have landed. */
     mbar_arrive_cp_async_noinc(full_b + 8u * st);
-  }
-  return bad;
-}
-
-/* ---- v15: tiles in pairs (SMLA_FWD90_PAIR; docs/design/cuda-sm90-forward.md, v15) -------
- * Pair i is tiles 2i (stage 0, warpgroup 0's) and 2i + 1 (stage 1, warpgroup 1's). Each
- * warpgroup computes its tile's whole S (m64n64k16: Q read once a tile), and both S run
- * at once. The reference max runs one way inside the pair: warpgroup 0's softmax from the
- * pair's reference M gives m0 and P0; warpgroup 1's from m0 gives m1 and P1; warpgroup 0
- * stores P0 exp(m0 - m1) for warpgroup 1, so both warpgroups end the pair at m1, the next
- * pair's M. Output columns: warpgroup w owns 256 w..256 w + 255 and adds its own P from
- * registers (RS), the other's from shared memory (SS).
- *   wg 0: softmax0, m0 out | O += P0 V0[left] (RS) | m1 in: P0 exp(m0 - m1) out | P1 in:
- *         O *= exp(m0 - m1), O += P1 V1[left] (SS) | S of tile 2i + 2, left half first
- *   wg 1: S of tile 2i + 1, right half first | m0 in: softmax1, m1 out | O += P1 V1[right]
- *         (RS) | P1 out | P0 in: O += P0 V0[right] (SS)
- * Each stage is two halves with their own barriers (half 0: column blocks 0-3, V's left
- * 256 columns; half 1: blocks 4.., V's right 256 and the rope block), released by the
- * warpgroup whose PV reads it last and refilled in the order they free up: stage 0 half
- * 0 (warpgroup 0's RS PV), stage 1 half 1 (warpgroup 1's RS PV), stage 0 half 1 and stage
- * 1 half 0 (the SS PVs). So the next pair's first halves load while this pair's second PVs
- * run (v8 released whole stages and held both for a pair). A unit with an odd tile count
- * ends with a pair whose second tile has no used entry (zeros, logits -inf). */
-
-/* S[64][64] += Q K^T over column blocks KB0..KB1 - 1 of the stage at kvb, one commit group;
- * ZERO: s zeroed first (the first part of a tile). */
-template <int KB0, int KB1, bool ZERO>
-__device__ __forceinline__ void w15_s_part(float s[32], uint32_t q_s, uint32_t kvb) {
-  /* Opaque addresses: the stage is fixed, so the descriptors would otherwise be hoisted
-   * out of the loop (and spilled). */
-  asm volatile("mov.u32 %0, %0;" : "+r"(q_s));
-  asm volatile("mov.u32 %0, %0;" : "+r"(kvb));
-  if (ZERO) {
-#pragma unroll
-    for (int i = 0; i < 32; i++) s[i] = 0.0f;
-  }
-#pragma unroll
-  for (int i = 0; i < 32; i++) wg_pin(s[i]);
-  wg_fence();
-#pragma unroll
-  for (int kb = KB0; kb < KB1; kb++)
-#pragma unroll
-    for (int k4 = 0; k4 < 4; k4++)
-      wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
-                         wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
-  wg_commit();
-}
-
-/* One compute warpgroup's pairs of a unit (WG 0: tiles 2i, WG 1: tiles 2i + 1; the comment
- * above says in which order), the block's pairs gp0.. (the stage phases count them). */
-template <int DR, int WG>
-__device__ __forceinline__ void w15_pairs(const smla_cuda_fwd_args &a, int np, uint32_t gp0,
-                                          uint8_t *smem, uint32_t sbase, const w_layout &L,
-                                          float O[2][64], float m_run[2], float l_run[2],
-                                          float m_top[2]) {
-  constexpr int KB = (512 + DR) / 64;
-  constexpr uint32_t TILE = KB * W_KB_BYTES;
-  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
-  const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
-  const uint32_t bar = sbase + L.bar, kv0 = sbase + L.kv, kv1 = kv0 + TILE;
-  const uint32_t p0s = DR ? kv0 + 8u * W_KB_BYTES : sbase + L.p; /* P0 (warpgroup 0's) */
-  const uint32_t p1s = sbase + L.p + (DR ? 0u : W_KB_BYTES);      /* P1 (warpgroup 1's) */
-  float *xm = (float *)(smem + L.xm); /* [wg][64]: m0, m1 */
-  const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask);
-  const uint32_t q_s = sbase + L.q;
-  float s[32];
-  uint32_t pa[16];
-  if constexpr (WG == 0) {
-    { /* the first pair's S */
-      const uint32_t par = gp0 & 1u;
-      mbar_wait(bar + W_BAR_FULL(0, 0), par);
-      fence_proxy_async();
-      w15_s_part<0, 4, true>(s, q_s, kv0);
-      mbar_wait(bar + W_BAR_FULL(0, 1), par);
-      fence_proxy_async();
-      w15_s_part<4, KB, false>(s, q_s, kv0);
-      wg_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 32; i++) wg_pin(s[i]);
-    }
-#pragma unroll 1
-    for (int p = 0; p < np; p++) {
-      const uint32_t par = (gp0 + (uint32_t)p) & 1u;
-      /* This warpgroup's last S of the unit has read Q: the next unit's may come in. */
-      if (p + 1 == np && lane == 0) mbar_arrive(bar + W_BAR_QFREE);
-      float m0[2], alpha[2], lsum[2];
-      bool moved;
-      w_softmax(a, s, umask[0] >> (2 * tig), m_run, m_run, m_top, m0, alpha, lsum, pa, moved);
-      if (tig == 0) xm[r0] = m0[0], xm[r0 + 8] = m0[1];
-      mbar_arrive(bar + W_BAR_MREADY(0));
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
-      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
-      w11_pv_rs(O, pa, kv0, 0);
-      wg_wait<0>();
-      w_keep_pa(pa);
-      w11_pin_o(O);
-      mbar_arrive(bar + W_BAR_EMPTY(0, 0)); /* stage 0's left half: its last reader done */
-      /* m1: P0 and O move to it. */
-      mbar_wait(bar + W_BAR_MREADY(1), par);
-      float beta[2];
-      bool moved1 = false;
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        const float m1 = xm[64 + r0 + 8 * hh];
-        moved1 |= !(m1 == m0[hh]); /* NaN moves */
-        const float use = m1 == -INFINITY ? 0.0f : m1;
-        beta[hh] = ex2_approx((m0[hh] - use) * FWD_LOG2E);
-        m_run[hh] = m1;
-      }
-      const bool scale = __any_sync(0xffffffffu, moved1);
-      if (scale) {
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-          for (int hh = 0; hh < 2; hh++)
-            pa[2 * n + hh] =
-                pack_bf16x2(s[4 * n + 2 * hh] * beta[hh], s[4 * n + 2 * hh + 1] * beta[hh]);
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) l_run[hh] *= beta[hh];
-      }
-      w_store_p(smem + (p0s - sbase), pa, r0, tig);
-      fence_proxy_async(); /* P0 visible to warpgroup 1's wgmma */
-      mbar_arrive(bar + W_BAR_PREADY(0));
-      if (scale) w11_scale_o(O, beta);
-      mbar_wait(bar + W_BAR_PREADY(1), par);
-      fence_proxy_async();
-      w11_pv_ss(O, p1s, kv1, 0);
-      if (SMLA_FWD90_PAIR == 2) { /* stage 1's left half released before the next S waits */
-        wg_wait<0>();
-        w11_pin_o(O);
-        mbar_arrive(bar + W_BAR_EMPTY(1, 0));
-        if (p + 1 < np) {
-          mbar_wait(bar + W_BAR_FULL(0, 0), par ^ 1u);
-          fence_proxy_async();
-          w15_s_part<0, 4, true>(s, q_s, kv0);
-          mbar_wait(bar + W_BAR_FULL(0, 1), par ^ 1u);
-          fence_proxy_async();
-          w15_s_part<4, KB, false>(s, q_s, kv0);
-          wg_wait<0>();
-#pragma unroll
-          for (int i = 0; i < 32; i++) wg_pin(s[i]);
-        }
-      } else if (p + 1 < np) { /* the next pair's S, its left half under this PV */
-        mbar_wait(bar + W_BAR_FULL(0, 0), par ^ 1u);
-        fence_proxy_async();
-        w15_s_part<0, 4, true>(s, q_s, kv0);
-        wg_wait<1>();
-        w11_pin_o(O);
-        mbar_arrive(bar + W_BAR_EMPTY(1, 0));
-        mbar_wait(bar + W_BAR_FULL(0, 1), par ^ 1u);
-        fence_proxy_async();
-        w15_s_part<4, KB, false>(s, q_s, kv0);
-        wg_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 32; i++) wg_pin(s[i]);
-      } else {
-        wg_wait<0>();
-        w11_pin_o(O);
-        mbar_arrive(bar + W_BAR_EMPTY(1, 0));
-      }
-    }
-  } else {
-#pragma unroll 1
-    for (int p = 0; p < np; p++) {
-      const uint32_t par = (gp0 + (uint32_t)p) & 1u;
-      mbar_wait(bar + W_BAR_FULL(1, 1), par); /* the half warpgroup 1's own PV frees first */
-      fence_proxy_async();
-      w15_s_part<4, KB, true>(s, q_s, kv1);
-      mbar_wait(bar + W_BAR_FULL(1, 0), par);
-      fence_proxy_async();
-      w15_s_part<0, 4, false>(s, q_s, kv1);
-      wg_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 32; i++) wg_pin(s[i]);
-      if (p + 1 == np && lane == 0) mbar_arrive(bar + W_BAR_QFREE);
-      const uint64_t um = umask[1] >> (2 * tig);
-      mbar_wait(bar + W_BAR_MREADY(0), par);
-      float m0[2], m1[2], alpha[2], lsum[2];
-      m0[0] = xm[r0], m0[1] = xm[r0 + 8];
-      bool moved;
-      w_softmax(a, s, um, m0, m_run, m_top, m1, alpha, lsum, pa, moved);
-      if (tig == 0) xm[64 + r0] = m1[0], xm[64 + r0 + 8] = m1[1];
-      mbar_arrive(bar + W_BAR_MREADY(1));
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
-        m_run[hh] = m1[hh];
-      }
-      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
-      w11_pv_rs(O, pa, kv1, 1);
-      w_store_p(smem + (p1s - sbase), pa, r0, tig);
-      fence_proxy_async(); /* P1 visible to warpgroup 0's wgmma */
-      mbar_arrive(bar + W_BAR_PREADY(1));
-      mbar_wait(bar + W_BAR_PREADY(0), par);
-      fence_proxy_async();
-      w11_pv_ss(O, p0s, kv0, 1);
-      wg_wait<1>();
-      w_keep_pa(pa);
-      mbar_arrive(bar + W_BAR_EMPTY(1, 1)); /* stage 1's right half: its last reader done */
-      wg_wait<0>();
-      w11_pin_o(O);
-      mbar_arrive(bar + W_BAR_EMPTY(0, 1));
-    }
-  }
-}
-
-/* The gather warpgroup's pairs of a unit (v15): per pair the four half-stages in the order
- * their readers free them, each after its empty barrier (from the block's second pair on):
- * tile 2i's half 0 into stage 0 and tile 2i + 1's half 1 into stage 1 (each with its tile's
- * used-entry bits, one arrival a warp on that half's full), then tile 2i's half 1 and
- * tile 2i + 1's half 0. Warp pw copies rows 16 pw.. of both tiles. A tile past the unit's
- * end (an odd count) has no used entry: zeros. Returns this thread's bad-slot count. */
-template <int KB>
-__device__ __forceinline__ unsigned w15_gather_pairs(const smla_cuda_fwd_args &a,
-                                                     uint8_t *mask_p, uint32_t kv_s,
-                                                     uint32_t bar, slot_pipe &spipe,
-                                                     int32_t req, const int32_t *slot_row,
-                                                     int ks, int kend, int np, uint32_t gp0,
-                                                     int pw, int rl, int cl, int my_row) {
-  constexpr uint32_t TILE = KB * W_KB_BYTES;
-  const int lane = threadIdx.x & 31;
-  unsigned bad = 0;
-#pragma unroll 1
-  for (int p = 0; p < np; p++) {
-    const uint32_t gp = gp0 + (uint32_t)p, prev = (gp - 1u) & 1u;
-    const int j0 = 2 * p, j1 = 2 * p + 1;
-    const int32_t sc0 = slot_pipe_next(spipe, a, req, slot_row, ks, kend, j0, my_row);
-    const int32_t sc1 = slot_pipe_next(spipe, a, req, slot_row, ks, kend, j1, my_row);
-    unsigned nb = 0;
-    const int u0 = entry_used(a, sc0, ks + j0 * FWD_BN + my_row, kend, 0, &nb);
-    const int u1 = entry_used(a, sc1, ks + j1 * FWD_BN + my_row, kend, 0, &nb);
-    bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
-    const unsigned bits0 = __ballot_sync(0xffffffffu, u0) & 0xffffu;
-    const unsigned bits1 = __ballot_sync(0xffffffffu, u1) & 0xffffu;
-    if (gp >= 1) mbar_wait(bar + W_BAR_EMPTY(0, 0), prev);
-    if (lane == 0) {
-      *(volatile uint16_t *)(mask_p + 2u * (uint32_t)pw) = (uint16_t)bits0;
-      mbar_arrive(bar + W_BAR_FULL(0, 0));
-    }
-    w_gather_rows<0, 4>(a, kv_s, pw, rl, cl, sc0, u0);
-    mbar_arrive_cp_async_noinc(bar + W_BAR_FULL(0, 0));
-    if (gp >= 1) mbar_wait(bar + W_BAR_EMPTY(1, 1), prev);
-    if (lane == 0) {
-      *(volatile uint16_t *)(mask_p + 8u + 2u * (uint32_t)pw) = (uint16_t)bits1;
-      mbar_arrive(bar + W_BAR_FULL(1, 1));
-    }
-    w_gather_rows<4, KB>(a, kv_s + TILE, pw, rl, cl, sc1, u1);
-    mbar_arrive_cp_async_noinc(bar + W_BAR_FULL(1, 1));
-    if (gp >= 1) mbar_wait(bar + W_BAR_EMPTY(0, 1), prev);
-    w_gather_rows<4, KB>(a, kv_s, pw, rl, cl, sc0, u0);
-    mbar_arrive_cp_async_noinc(bar + W_BAR_FULL(0, 1));
-    if (gp >= 1) mbar_wait(bar + W_BAR_EMPTY(1, 0), prev);
-    w_gather_rows<0, 4>(a, kv_s + TILE, pw, rl, cl, sc1, u1);
-    mbar_arrive_cp_async_noinc(bar + W_BAR_FULL(1, 0));
   }
   return bad;
 }
@@ -907,25 +583,11 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv;
   /* Everything of the compute warps (O included) lives inside their branch: code after
    * the join runs at the gather warpgroup's register count. */
-  const uint32_t full_b = sbase + L.bar, qfree_b = full_b + W_BAR_QFREE;
-  if (tid == 0 && SMLA_FWD90_PAIR) {
-    /* v15. full[st][h]: the 128 gather threads' copies, and on the half that comes first
-     * (tile 2i: half 0, tile 2i + 1: half 1) one arrival a gather warp (its mask bits);
-     * empty[st][h], mready, pready: the 128 threads of the warpgroup that reads the half
-     * last, or publishes; qfree: the 8 compute warps, as v11's. */
-    mbar_init(full_b + W_BAR_FULL(0, 0), 132), mbar_init(full_b + W_BAR_FULL(0, 1), 128);
-    mbar_init(full_b + W_BAR_FULL(1, 0), 128), mbar_init(full_b + W_BAR_FULL(1, 1), 132);
-#pragma unroll
-    for (uint32_t i = 0; i < 4; i++) mbar_init(full_b + W_BAR_EMPTY(0, 0) + 8u * i, 128);
-#pragma unroll
-    for (uint32_t w = 0; w < 2; w++)
-      mbar_init(full_b + W_BAR_MREADY(w), 128), mbar_init(full_b + W_BAR_PREADY(w), 128);
-    mbar_init(qfree_b, 8);
-  } else if (tid == 0) {
+  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, qfree_b = full_b + 48u;
+  if (tid == 0) {
     /* full: the 128 gather threads' copies and one arrival a gather warp (its mask bits);
      * empty: the 8 compute warps; pready: the 128 threads of the tile's warpgroup; qfree:
      * the 8 compute warps, once a unit, when their last S of it is done. */
-    const uint32_t empty_b = full_b + 16u;
     mbar_init(full_b, 132), mbar_init(full_b + 8u, 132);
     mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);
     mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128);
@@ -959,19 +621,11 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
           cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, blk.t, head, 8 * cb + cl),
                       head < a.num_heads ? 16 : 0);
       }
-#if SMLA_FWD90_PAIR
-      const int np = (blk.ntiles + 1) / 2;
-      const unsigned nb = w15_gather_pairs<KB>(a, smem + L.mask, kv_s, full_b, spipe, blk.req,
-                                               blk.slot_row, blk.ks, blk.kend, np, g0, pw, rl,
-                                               cl, my_row);
-      g0 += (uint32_t)np; /* v15: pairs */
-#else
       const unsigned nb = w_gather_tiles<KB>(a, smem + L.mask + 64u, kv_s, full_b, spipe,
                                              blk.req, blk.slot_row, blk.ks, blk.kend,
                                              blk.ntiles, g0, pw, rl, cl, my_row);
-      g0 += (uint32_t)blk.ntiles;
-#endif
       if (blk.grp == 0) bad += nb;
+      g0 += (uint32_t)blk.ntiles;
       nq++;
     }
   } else {
@@ -997,18 +651,12 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f}, m_top[2] = {NEG_INF, NEG_INF};
 
   if (ntiles > 0) {
-#if SMLA_FWD90_PAIR
-    const int np = (ntiles + 1) / 2;
-    if (wg == 0) w15_pairs<DR, 0>(a, np, g0, smem, sbase, L, O, m_run, l_run, m_top);
-    else w15_pairs<DR, 1>(a, np, g0, smem, sbase, L, O, m_run, l_run, m_top);
-    g0 += (uint32_t)np; /* v15: pairs */
-#elif SMLA_PROBE
+#if SMLA_PROBE
     w11_loop<DR>(a, ntiles, g0, smem, sbase, L, wg, O, m_run, l_run, m_top, probe_t_);
-    g0 += (uint32_t)ntiles;
 #else
     w11_loop<DR>(a, ntiles, g0, smem, sbase, L, wg, O, m_run, l_run, m_top);
-    g0 += (uint32_t)ntiles;
 #endif
+    g0 += (uint32_t)ntiles;
     /* The combine kernel (a programmatic dependent, smla_cuda_merge_args.pdl) may be
      * scheduled from here on; it waits for this grid's completion before it reads. */
     if (bid + gridDim.x >= units) griddep_launch_dependents();
@@ -1022,15 +670,13 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       const int row = r0 + 8 * hh;
       if (tig == 0) {
         red[wg * 64 + row] = l;
-        if (wg == 0) rowmax_s[row] = m_run[hh];
-        if (wg == 0 || SMLA_FWD90_PAIR) rowtop_s[wg * 64 + row] = m_top[hh];
+        if (wg == 0) rowmax_s[row] = m_run[hh], rowtop_s[row] = m_top[hh];
       }
     }
   } else {
     /* No used entry can exist in this split: every row gets l = 0, m = -inf. */
     for (int i = tid; i < 128; i += W_THREADS) red[i] = 0.0f;
-    for (int i = tid; i < 64; i += W_THREADS) rowmax_s[i] = NEG_INF;
-    for (int i = tid; i < (SMLA_FWD90_PAIR ? 128 : 64); i += W_THREADS) rowtop_s[i] = NEG_INF;
+    for (int i = tid; i < 64; i += W_THREADS) rowmax_s[i] = rowtop_s[i] = NEG_INF;
   }
   W_SYNC();
 
@@ -1053,7 +699,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       fwd_row_out r = {NULL, NULL, 0.0f};
       if (live)
         r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row], rowmax_s[row],
-                             w_row_top(rowtop_s, row), wg == 0 && tig == 0);
+                             rowtop_s[row], wg == 0 && tig == 0);
       uint16_t *dst = live ? r.out + 256 * wg + 2 * (tig & ~1) : NULL;
 #pragma unroll
       for (int h = 0; h < 2; h++)
@@ -1097,7 +743,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
                            red[row] + red[64 + row], rowmax_s[row], writer && split == 0);
     } else {
       const fwd_row_out r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row],
-                                             rowmax_s[row], w_row_top(rowtop_s, row), writer);
+                                             rowmax_s[row], rowtop_s[row], writer);
       if (writer) dst_s[row] = r.out ? (void *)r.out : (void *)r.part;
       f = r.f;
     }
@@ -1429,9 +1075,6 @@ extern "C" int smla_cuda_fwd90_small_heads(int num_heads) {
 /* The tile loop a plan with hb heads a block runs (smla_plan_describe). */
 extern "C" const char *smla_cuda_fwd90_variant(int hb) {
   if (hb < 64) return "swap-AB small-head tiles (heads on the wgmma N axis)";
-  if (SMLA_FWD90_PAIR)
-    return SMLA_FWD90_PERSIST == 1 ? "tile loop v15 (pairs), one split as a persistent grid"
-                                   : "tile loop v15 (pairs)";
   return SMLA_FWD90_PERSIST == 1 ? "tile loop v11 (relay), one split as a persistent grid"
                                  : "tile loop v11 (relay)";
 }
