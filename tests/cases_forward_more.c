@@ -437,9 +437,9 @@ static void c_wide_n64_dr0_unsplit(t_case *tc) { unsplit(tc, 64, 2150, 0, 5.0f, 
  * cases' lengths (an empty row: a unit with no tile; one, two or three tiles a unit) and
  * planted slots. Built with SMLA_FWD90_PERSIST=1 (the persistent grid, v14) a block takes
  * several of these units in turn: the tile counts then move the stage a unit starts in and
- * whether a warpgroup owns a tile of it, the empty row takes no part in the Q handshake, and
- * the plan's describe names the persistent grid. On an sm90 device the plan must name the
- * 64-head kernel's loop, so that these rows cannot pass on another kernel. */
+ * whether a warpgroup owns a tile of it, and the empty row takes no part in the Q handshake.
+ * On an sm90 device the plan must name the 64-head kernel's loop, so that these rows cannot
+ * pass on another kernel (which build of that loop ran, the case does not check). */
 static void c_wide_persistent(t_case *tc) {
   wide(tc, 300, 64, 150, 64, 0.0f, 1, 1);
   wide(tc, 150, 128, 150, 0, 5.0f, 0, 1);

@@ -11,10 +11,10 @@
  * partial-state format and combine as the generic kernel (forward_impl.cuh), so the plan
  * can pick either (or, built with SMLA_FWD90_PERSIST=1, v14, at one split a persistent
  * grid whose blocks take several of these units in turn). Three warpgroups (384 threads):
- * a gather warpgroup (setmaxnreg 56) brings Q and the KV tiles of 64 gathered rows into two stages (cp.async, 8 lanes a
- * row), publishes each tile's used-entry bits and signals `full`; two compute
- * warpgroups (setmaxnreg 224) run v11, the relay (w11_loop): tile j belongs to warpgroup
- * j % 2, which computes
+ * a gather warpgroup (setmaxnreg 56) brings Q and the KV tiles of 64 gathered rows into
+ * two stages (cp.async, 8 lanes a row), publishes each tile's used-entry bits and signals
+ * `full`; two compute warpgroups (setmaxnreg 224) run v11, the relay (w11_loop): tile j
+ * belongs to warpgroup j % 2, which computes
  *   S[64][64] = Q[64][dqk] K^T     dqk/16 wgmma m64n64k16 (A = Q, B = K rows, K-major)
  *   the online softmax             from the reference max the other warpgroup passed on
  *                                  with tile j-1; P (bf16) to registers and to the stage's
@@ -706,7 +706,8 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int q = 0; q < 8; q++) {
-          const uint32_t w0 = pack_bf16x2(O[h][8 * q + 2 * hh] * r.f, O[h][8 * q + 2 * hh + 1] * r.f);
+          const uint32_t w0 = pack_bf16x2(O[h][8 * q + 2 * hh] * r.f,
+                                          O[h][8 * q + 2 * hh + 1] * r.f);
           const uint32_t w1 = pack_bf16x2(O[h][8 * q + 4 + 2 * hh] * r.f,
                                           O[h][8 * q + 4 + 2 * hh + 1] * r.f);
           const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? w0 : w1, 1);
