@@ -81,6 +81,13 @@
 #ifndef SMLA_FWD90_PERSIST
 #define SMLA_FWD90_PERSIST 0
 #endif
+/* SMLA_FWD90_SFIRST (session 22; v16 in docs/design/cuda-sm90-forward.md; default 0 while it
+ * is measured): S of a warpgroup's own tile issued before its cross PV of the other's tile
+ * where that tile has already landed (w16_cross_own). 1: tested before the wait on the
+ * other's P and again after it; 2: before it only. */
+#ifndef SMLA_FWD90_SFIRST
+#define SMLA_FWD90_SFIRST 0
+#endif
 
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
@@ -295,6 +302,110 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
 #define W11_STEP_PROBE
 #endif
 
+/* The top of a step at tile j: the PV of tile j-1 (this warpgroup's part; RS: pa was read
+ * until here) is done, and this warp releases its part of that stage. */
+__device__ __forceinline__ void w11_release_prev(int j, uint32_t gj, uint32_t empty_b,
+                                                 float O[2][64], const uint32_t pa[16]) {
+  wg_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+  w11_pin_o(O);
+  if (j >= 1 && (threadIdx.x & 31) == 0) mbar_arrive(empty_b + 8u * ((gj & 1u) ^ 1u));
+}
+
+/* CROSS(j), after the wait on pready: l and O moved to m(j) where a row moved, and the
+ * row's largest logit taken (xmj: [m, top][64] after tile j). */
+__device__ __forceinline__ void w11_cross_scale(const float *xmj, int r0, float O[2][64],
+                                                float m_run[2], float l_run[2],
+                                                float m_top[2]) {
+  const float NEG_INF = -INFINITY;
+  float f[2];
+  bool moved = false;
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int row = r0 + 8 * hh;
+    const float mj = xmj[row];
+    m_top[hh] = xmj[64 + row];
+    moved |= !(mj == m_run[hh]); /* NaN moves */
+    const float use = mj == NEG_INF ? 0.0f : mj;
+    f[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
+    l_run[hh] *= f[hh];
+    m_run[hh] = mj;
+  }
+  if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
+}
+
+/* OWN(j), once S(j) is in s: logits scaled and masked (um: this thread's used bits), the
+ * row max from m(j-1) (m_run becomes m(j)), P(j) to pa, and the factor alpha and the sums
+ * lsum with which the caller moves l and O, once no PV into O is in flight. */
+__device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, float s[32],
+                                                uint64_t um, float m_run[2], float m_top[2],
+                                                uint32_t pa[16], float alpha[2],
+                                                float lsum[2], bool &moved) {
+  const float NEG_INF = -INFINITY;
+  float tmax[2] = {NEG_INF, NEG_INF};
+  fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float v = s[4 * n + e];
+      v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
+      s[4 * n + e] = v;
+      tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
+    }
+  float mls[2];
+  lsum[0] = lsum[1] = 0.0f;
+  moved = false;
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
+    tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
+    m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
+    float m_new = fmax_nan(m_run[hh], tmax[hh]); /* NaN: out, lse, max NaN */
+    /* Lazy (v10): the reference stays while the max grew by at most W_TAU. */
+    if (W_TAU > 0.0f && m_new - m_run[hh] <= W_TAU) m_new = m_run[hh];
+    else moved = true;
+    const float use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
+    alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
+    m_run[hh] = m_new;
+    mls[hh] = use * FWD_LOG2E;
+  }
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
+      const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
+      lsum[hh] += p0 + p1;
+      pa[2 * n + hh] = pack_bf16x2(p0, p1);
+    }
+#if SMLA_PROBE
+#pragma unroll
+  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+#endif
+}
+
+/* OWN(j)'s hand-off: P(j) to the P block pb, m(j) and the largest logit to xmj, then the
+ * arrival on pready. */
+__device__ __forceinline__ void w11_own_publish(const uint32_t pa[16], int r0, int tig,
+                                                uint8_t *pb, float *xmj, uint32_t pready_st,
+                                                const float m_run[2], const float m_top[2]) {
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+      *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
+  if (tig == 0)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) xmj[r0 + 8 * hh] = m_run[hh], xmj[64 + r0 + 8 * hh] = m_top[hh];
+  fence_proxy_async(); /* P visible to the other warpgroup's wgmma */
+  /* Every thread arrives for its own P and xm stores (one arrival a warp after
+   * __syncwarp measured the same, bench/RESULTS.md session 13 run 3, and racecheck,
+   * which does not order the other lanes' stores before lane 0's arrival, flagged it). */
+  mbar_arrive(pready_st);
+}
+
 /* One step of a compute warpgroup: tile j, its own (OWN) or the other's (CROSS), as the
  * "v11: the relay" comment above describes; the state (O, the row statistics, s, pa, q_s) lives in
  * the caller. */
@@ -307,7 +418,6 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
                                          uint32_t pa[16], uint32_t &q_s W11_STEP_PROBE_ARGS) {
   constexpr int KB = (512 + DR) / 64;
   constexpr uint32_t TILE = KB * W_KB_BYTES;
-  const float NEG_INF = -INFINITY;
   const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
   const uint32_t kv_s = sbase + L.kv;
@@ -321,31 +431,13 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     const uint32_t kvb = kv_s + st * TILE;
     const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
     float *xmj = (float *)(smem + L.xm) + st * 128u; /* [m, top][64] after tile j */
-    /* The PV of tile j-1 (this warpgroup's part; RS: pa was read until here) is done. */
-    wg_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
-    w11_pin_o(O);
-    if (j >= 1 && lane == 0) mbar_arrive(empty_b + 8u * (st ^ 1u));
+    w11_release_prev(j, gj, empty_b, O, pa);
     W11_PHASE(1);
     if (!own) { /* CROSS(j) */
       mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
       W11_PHASE(1);
       fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
-      float f[2];
-      bool moved = false;
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        const int row = r0 + 8 * hh;
-        const float mj = xmj[row];
-        m_top[hh] = xmj[64 + row];
-        moved |= !(mj == m_run[hh]); /* NaN moves */
-        const float use = mj == NEG_INF ? 0.0f : mj;
-        f[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-        l_run[hh] *= f[hh];
-        m_run[hh] = mj;
-      }
-      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
+      w11_cross_scale(xmj, r0, O, m_run, l_run, m_top);
       w11_pv_ss(O, pblk, kvb, wg);
       W11_PHASE(6);
       return;
@@ -363,62 +455,11 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     /* This warpgroup's last S of the unit has read Q: the next unit's may come in. */
     if (j + 2 >= ntiles && lane == 0) mbar_arrive(qfree_b);
     W11_PHASE(3);
-
-    float tmax[2] = {NEG_INF, NEG_INF};
-    fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float v = s[4 * n + e];
-        v = (um >> (8 * n + (e & 1))) & 1u ? v : NEG_INF;
-        s[4 * n + e] = v;
-        tmax[e >> 1] = fmax_nan(tmax[e >> 1], v); /* a NaN logit poisons the row */
-      }
-    float alpha[2], mls[2], lsum[2] = {0.0f, 0.0f};
-    bool moved = false;
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
-      tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
-      m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
-      float m_new = fmax_nan(m_run[hh], tmax[hh]); /* NaN: out, lse, max NaN */
-      /* Lazy (v10): the reference stays while the max grew by at most W_TAU. */
-      if (W_TAU > 0.0f && m_new - m_run[hh] <= W_TAU) m_new = m_run[hh];
-      else moved = true;
-      const float use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
-      alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-      m_run[hh] = m_new;
-      mls[hh] = use * FWD_LOG2E;
-    }
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
-        const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
-        lsum[hh] += p0 + p1;
-        pa[2 * n + hh] = pack_bf16x2(p0, p1);
-      }
-#if SMLA_PROBE
-#pragma unroll
-    for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
-#endif
+    float alpha[2], lsum[2];
+    bool moved;
+    w11_own_softmax(a, s, um, m_run, m_top, pa, alpha, lsum, moved);
     W11_PHASE(4);
-    uint8_t *pb = smem + (pblk - sbase);
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++)
-        *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
-    if (tig == 0)
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) xmj[r0 + 8 * hh] = m_run[hh], xmj[64 + r0 + 8 * hh] = m_top[hh];
-    fence_proxy_async(); /* P visible to the other warpgroup's wgmma */
-    /* Every thread arrives for its own P and xm stores (one arrival a warp after
-     * __syncwarp measured the same, bench/RESULTS.md session 13 run 3, and racecheck,
-     * which does not order the other lanes' stores before lane 0's arrival, flagged it). */
-    mbar_arrive(pready_b + 8u * st);
+    w11_own_publish(pa, r0, tig, smem + (pblk - sbase), xmj, pready_b + 8u * st, m_run, m_top);
     W11_PHASE(5);
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
@@ -427,6 +468,90 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     W11_PHASE(6);
   }
 }
+
+#if SMLA_FWD90_SFIRST
+/* v16 (SMLA_FWD90_SFIRST): the other's tile j and this warpgroup's tile j + 1 as one step.
+ * Where tile j + 1 has landed (a non-blocking test, one answer for the warpgroup), S(j + 1)
+ * is issued before the cross PV of tile j, so it runs on the tensor cores while the other
+ * warpgroup's softmax(j) does not (=1: tested before the wait on pready and again after
+ * it; =2: before it only); the stage of tile j is released once that PV is done, which
+ * never waits for a gather. Else the step is v11's CROSS(j) then OWN(j + 1). */
+template <int DR>
+__device__ __forceinline__ void w16_cross_own(const smla_cuda_fwd_args &a, uint8_t *smem,
+                                              uint32_t sbase, const w_layout &L, int wg, int j,
+                                              uint32_t gj, int ntiles, float O[2][64],
+                                              float m_run[2], float l_run[2], float m_top[2],
+                                              float s[32], uint32_t pa[16],
+                                              uint32_t &q_s W11_STEP_PROBE_ARGS) {
+  constexpr int KB = (512 + DR) / 64;
+  constexpr uint32_t TILE = KB * W_KB_BYTES;
+  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
+  const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
+  const uint32_t kv_s = sbase + L.kv;
+  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, pready_b = full_b + 32u;
+  const uint32_t qfree_b = full_b + 48u;
+  const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask + 64);
+  const uint32_t st = gj & 1u, par = (gj >> 1) & 1u;                 /* tile j, the other's */
+  const uint32_t gn = gj + 1u, stn = gn & 1u, parn = (gn >> 1) & 1u; /* tile j + 1, own */
+  const uint32_t kvb = kv_s + st * TILE, kvn = kv_s + stn * TILE;
+  const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
+  const uint32_t pbn = DR ? kvn + 8u * W_KB_BYTES : sbase + L.p + stn * W_KB_BYTES;
+  const float *xmj = (const float *)(smem + L.xm) + st * 128u;
+  float *xmn = (float *)(smem + L.xm) + stn * 128u;
+  w11_release_prev(j, gj, empty_b, O, pa);
+  W11_PHASE(1);
+  bool early = mbar_done_uniform(full_b + 8u * stn, parn, 2 + wg, 128);
+#if SMLA_FWD90_SFIRST == 1
+  if (!early) {
+    mbar_wait(pready_b + 8u * st, par);
+    early = mbar_done_uniform(full_b + 8u * stn, parn, 2 + wg, 128);
+  }
+#endif
+  if (!early) { /* v11's CROSS(j): tile j's stage released before the wait for j + 1 */
+    mbar_wait(pready_b + 8u * st, par);
+    W11_PHASE(1);
+    fence_proxy_async();
+    w11_cross_scale(xmj, r0, O, m_run, l_run, m_top);
+    w11_pv_ss(O, pblk, kvb, wg);
+    wg_wait<0>();
+    w11_pin_o(O);
+    if (lane == 0) mbar_arrive(empty_b + 8u * st);
+    W11_PHASE(6);
+  }
+  mbar_wait(full_b + 8u * stn, parn); /* tile j + 1 */
+  W11_PHASE(2);
+  fence_proxy_async();
+  const uint64_t um = umask[stn] >> (2 * tig);
+  asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
+  wg_s_issue<64, KB>(s, q_s, W_KB_BYTES, kvn, W_KB_BYTES);
+  mbar_wait(pready_b + 8u * st, par); /* P(j), m(j) (waited already where not early) */
+  W11_PHASE(1);
+  wg_wait<0>(); /* S(j + 1): where early, done by now if it ran under the other's softmax */
+#pragma unroll
+  for (int i = 0; i < 32; i++) wg_pin(s[i]);
+  if (j + 3 >= ntiles && lane == 0) mbar_arrive(qfree_b);
+  W11_PHASE(3);
+  if (early) { /* tile j's cross PV under this softmax */
+    fence_proxy_async();
+    w11_cross_scale(xmj, r0, O, m_run, l_run, m_top);
+    w11_pv_ss(O, pblk, kvb, wg);
+  }
+  float alpha[2], lsum[2];
+  bool moved;
+  w11_own_softmax(a, s, um, m_run, m_top, pa, alpha, lsum, moved);
+  W11_PHASE(4);
+  w11_own_publish(pa, r0, tig, smem + (pbn - sbase), xmn, pready_b + 8u * stn, m_run, m_top);
+  W11_PHASE(5);
+  wg_wait<0>(); /* where early, the cross PV of tile j: its stage is free of this warp */
+  w11_pin_o(O);
+  if (early && lane == 0) mbar_arrive(empty_b + 8u * st);
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
+  if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
+  w11_pv_rs(O, pa, kvn, wg);
+  W11_PHASE(6);
+}
+#endif
 
 /* One compute warpgroup's tiles: O (its 256 columns), m_run, l_run (its own tiles' share of
  * the row sums) and m_top as the epilogue expects them; both warpgroups end at the same
@@ -447,10 +572,28 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
   const int lane = threadIdx.x & 31;
   const uint32_t empty_b = sbase + L.bar + 16u, qfree_b = sbase + L.bar + 48u;
   if (ntiles <= wg && lane == 0) mbar_arrive(qfree_b); /* no tile of its own: no S */
+#if SMLA_FWD90_SFIRST
+  /* v16: warpgroup 0's tile 0, then (the other's, its own) in one step, then the last
+   * tile where it is the other's. */
+  int j = 0;
+  if (wg == 0) {
+    w11_step<DR>(a, smem, sbase, L, wg, 0, g0, ntiles, true, O, m_run, l_run, m_top, s, pa,
+                 q_s W11_STEP_PROBE);
+    j = 1;
+  }
+#pragma unroll 1
+  for (; j + 1 < ntiles; j += 2)
+    w16_cross_own<DR>(a, smem, sbase, L, wg, j, g0 + (uint32_t)j, ntiles, O, m_run, l_run,
+                      m_top, s, pa, q_s W11_STEP_PROBE);
+  if (j < ntiles)
+    w11_step<DR>(a, smem, sbase, L, wg, j, g0 + (uint32_t)j, ntiles, false, O, m_run, l_run,
+                 m_top, s, pa, q_s W11_STEP_PROBE);
+#else
 #pragma unroll 1
   for (int j = 0; j < ntiles; j++)
     w11_step<DR>(a, smem, sbase, L, wg, j, g0 + (uint32_t)j, ntiles, (j & 1) == wg, O, m_run,
                  l_run, m_top, s, pa, q_s W11_STEP_PROBE);
+#endif
   wg_wait<0>();
 #pragma unroll
   for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
