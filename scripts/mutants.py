@@ -285,6 +285,11 @@ MUTANTS = [
       "#define W_TAU (SMLA_FWD90_LAZY_RESCALE ? 200.0f : 0.0f)",
       "sm90 lazy rescale: the reference max allowed to lag by 200 (P overflows fp32 once a "
       "row's logits spread over more than ~88)", "wide,forward_N_64,forward_N_96,scale"),
+    M("gpu_persist_q_early", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "      if (nq > 0) mbar_wait(qfree_b, (nq - 1u) & 1u);",
+      "      if (nq > 0 && nq > 1000000u) mbar_wait(qfree_b, (nq - 1u) & 1u);",
+      "sm90 persistent grid: the next unit's Q loaded without waiting for the last S of the "
+      "unit before (its last tiles' S read the next row's queries)", "wide_persistent"),
     M("gpu_split_rest_7bit", "gpu", "src/cuda/backend.c",
       "    plan->split_rest = s; /* forced: up to 1024, so not in split_table's 8-bit code */",
       "    plan->split_rest = s & 0x7f; /* forced: up to 1024, so not in split_table's 8-bit code */",

@@ -66,20 +66,19 @@
 #define SMLA_FWD90_PDL 1
 #endif
 
-/* SMLA_FWD90_PERSIST (session 20; v14 in docs/design/cuda-sm90-forward.md; default 0 until
- * measured): 1: the 64-head kernel with one split and no cluster merge runs as a persistent
+/* SMLA_FWD90_PERSIST (v14, session 20; docs/design/cuda-sm90-forward.md; the default since
+ * session 22): 1: the 64-head kernel with one split and no cluster merge runs as a persistent
  * grid of a.resident_blocks blocks, each taking units (t, group) blockIdx.x, + gridDim.x, ..,
  * so that the next unit's Q (once the last S of this one is done) and first two tiles (once
  * their stages' PVs are) load under this unit's last tiles and epilogue; a unit with a next
  * one stores its final rows from registers, the block's last unit stages them. 0: one
  * block a unit, the epilogue staged through shared memory (v11 as measured to session 19;
- * the unit loop then makes one pass and nobody waits on qfree). Measured once
- * (H100, bench/RESULTS.md session 20 call 1, with the direct epilogue at every unit): N = 128
- * T >= 1024 2.5-4.5% faster cold, N = 64 0-1.5% slower (gathers at the copy rate already),
- * N = 128 T = 64 5-7% slower (the direct stores); the mend (last unit staged, 8-byte stores)
- * is compiled and unmeasured. */
+ * the unit loop then makes one pass and nobody waits on qfree). Measured with the mended
+ * epilogue (H100, bench/RESULTS.md session 22, v11 in the same calls, cold): N = 128 T =
+ * 1024 1190 against 1277-1301 us, T = 4096 5114 against 5323-5354 (also 5% amortized); N =
+ * 64 T = 1024 and 4096 ~1% faster; T = 16 and 64 level. */
 #ifndef SMLA_FWD90_PERSIST
-#define SMLA_FWD90_PERSIST 0
+#define SMLA_FWD90_PERSIST 1
 #endif
 /* SMLA_FWD90_SFIRST (session 22; v16 in docs/design/cuda-sm90-forward.md; default 0 while it
  * is measured): S of a warpgroup's own tile issued before its cross PV of the other's tile
