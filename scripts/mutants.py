@@ -189,17 +189,17 @@ MUTANTS = [
       "both sm90 kernels (v11, small-head: wg_s_issue) leave the rope block out of S",
       "forward"),
     M("gpu_sm90_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "      alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);",
-      "      alpha[hh] = m_run[hh] == NEG_INF ? 0.0f : 1.0f;",
+      "    alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);",
+      "    alpha[hh] = m_run[hh] == NEG_INF ? 0.0f : 1.0f;",
       "sm90 kernel (v11): a tile's own softmax never rescales the running output and sum "
       "when the max grows", "forward,wide"),
     M("gpu_relay_cross_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);\n      w11_pv_ss(",
-      "      w11_pv_ss(",
+      "  if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);\n}",
+      "}",
       "sm90 v11: the warpgroup that adds the other's tile keeps its output at the old "
       "reference max", "forward,wide"),
     M("gpu_relay_top_lost", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "        m_top[hh] = xmj[64 + row];",
+      "    m_top[hh] = xmj[64 + row];",
       "",
       "sm90 v11: the largest logit of the other warpgroup's tiles is not passed on "
       "(max_logit misses half the tiles)", "wide,forward_N_64,forward_N_96"),
