@@ -184,21 +184,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "@!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
 
-/* Whether the phase of that parity has completed, as one answer for all n threads of the
- * named barrier id (bar.red.or: one thread that saw it complete is enough). It does not
- * block (mbarrier.test_wait); a thread that acts on true still waits (mbar_wait), which
- * then returns at once, for its own acquire. */
-__device__ __forceinline__ bool mbar_done_uniform(uint32_t bar, uint32_t parity, int id, int n) {
-  uint32_t r;
-  asm volatile(
-      "{\n.reg .pred p, q;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "bar.red.or.pred q, %3, %4, p;\n"
-      "selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(r) : "r"(bar), "r"(parity), "r"(id), "r"(n) : "memory");
-  return r != 0;
-}
-
 /* bar.sync id, n: a named barrier of n threads (a multiple of 32). */
 __device__ __forceinline__ void named_bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
