@@ -476,18 +476,21 @@ static void c_wide_n128_merges(t_case *tc) {
   }
 }
 
-/* The generic kernel's in-kernel merge (sm_90 devices: clusters of C splits merged over
- * distributed shared memory, R clusters a row merged by the last to finish): forced splits
- * 2, 3, 7, 8 (R = 1; 3 and 7 own uneven column ranges), 14 (7 x 2), 16 (8 x 2), 24 (8 x
- * 3), 32 (8 x 4), and 16 with SMLA_PLAN_SEPARATE_MERGE through the combine kernel; at 16
- * heads (bf16, dr 64, sink), 32 heads (dr 0, softcap) and 64 heads (FP8_TENSOR: the value
- * scale is applied by the merge), all with SMLA_PLAN_PORTABLE (on sm_90 devices the plan
- * would otherwise take an sm90 kernel, which merges differently), every row with a random
- * length (whole clusters empty) and planted bad slots, each against the CPU. Where the
- * plan can merge in the kernel (its describe names programmatic launch: sm_90 code on
- * an sm_90 device) it must say it does, with the clusters expected, so that a lost merge
+/* The in-kernel merge over distributed shared memory (fwd_dsmem_merge; sm_90 devices:
+ * clusters of C splits, R clusters a row merged by the last to finish) of the generic
+ * kernel and of the small-head sm90 kernel: forced splits 2, 3, 7, 8 (R = 1; 3 and 7 own
+ * uneven column ranges), 14 (7 x 2), 16 (8 x 2), 24 (8 x 3), 32 (8 x 4), and 16 with
+ * SMLA_PLAN_SEPARATE_MERGE through the combine kernel; every row with a random length
+ * (whole clusters empty) and planted bad slots, each against the CPU. The generic cases
+ * run with SMLA_PLAN_PORTABLE (on sm_90 devices the plan would otherwise take an sm90
+ * kernel): 16 heads (bf16, dr 64, sink), 32 heads (dr 0, softcap) and 64 heads
+ * (FP8_TENSOR: the value scale is applied by the merge); the small-head ones without it,
+ * at 8, 16 and 32 heads (bf16: what that kernel reads). Where the plan can merge in the
+ * kernel (the generic kernel's describe names programmatic launch, sm_90 code on an sm_90
+ * device; the small-head kernel's names an in-kernel merge, a build with
+ * SMLA_FWD90S_MERGE) it must say it does, with the clusters expected, so that a lost merge
  * path cannot pass as the combine kernel. */
-static void generic_merges(t_case *tc, int N, int dr, smla_cache_format format, float softcap,
+static void dsmem_merges(t_case *tc, int N, int dr, smla_cache_format format, float softcap,
                            int sink, uint32_t flags0) {
   static const struct { int splits; uint32_t flags; int C; } cfg[9] = {
       {2, 0, 2}, {3, 0, 3}, {7, 0, 7}, {8, 0, 8}, {14, 0, 7}, {16, 0, 8}, {24, 0, 8},
@@ -518,7 +521,11 @@ static void generic_merges(t_case *tc, int N, int dr, smla_cache_format format, 
       smla_plan *plan = plan_for(tc, ctx, T, N, K, dr, format, cfg[i].splits, 0, flags);
       if (!plan) continue;
       const char *desc = smla_plan_describe(plan);
-      if (strncmp(desc, "cuda-generic", 12) == 0 && strstr(desc, "programmatic launch")) {
+      const int generic =
+          strncmp(desc, "cuda-generic", 12) == 0 && strstr(desc, "programmatic launch");
+      const int small = strncmp(desc, "cuda-sm90", 9) == 0 && strstr(desc, "swap-AB") &&
+                        strstr(desc, "in-kernel merge for");
+      if (generic || small) {
         char want[64] = "";
         if (cfg[i].C)
           snprintf(want, sizeof want, "merged in-kernel (%d clusters of %d)",
@@ -532,13 +539,22 @@ static void generic_merges(t_case *tc, int N, int dr, smla_cache_format format, 
   }
 }
 static void c_generic_merges_n16(t_case *tc) {
-  generic_merges(tc, 16, 64, SMLA_CACHE_BF16, 0.0f, 1, SMLA_PLAN_PORTABLE);
+  dsmem_merges(tc, 16, 64, SMLA_CACHE_BF16, 0.0f, 1, SMLA_PLAN_PORTABLE);
 }
 static void c_generic_merges_n32_dr0(t_case *tc) {
-  generic_merges(tc, 32, 0, SMLA_CACHE_BF16, 5.0f, 0, SMLA_PLAN_PORTABLE);
+  dsmem_merges(tc, 32, 0, SMLA_CACHE_BF16, 5.0f, 0, SMLA_PLAN_PORTABLE);
 }
 static void c_generic_merges_n64_fp8(t_case *tc) {
-  generic_merges(tc, 64, 64, SMLA_CACHE_FP8_TENSOR, 0.0f, 1, SMLA_PLAN_PORTABLE);
+  dsmem_merges(tc, 64, 64, SMLA_CACHE_FP8_TENSOR, 0.0f, 1, SMLA_PLAN_PORTABLE);
+}
+static void c_small_merges_n16(t_case *tc) {
+  dsmem_merges(tc, 16, 64, SMLA_CACHE_BF16, 0.0f, 1, 0);
+}
+static void c_small_merges_n8_dr0(t_case *tc) {
+  dsmem_merges(tc, 8, 0, SMLA_CACHE_BF16, 5.0f, 0, 0);
+}
+static void c_small_merges_n32(t_case *tc) {
+  dsmem_merges(tc, 32, 64, SMLA_CACHE_BF16, 0.0f, 0, 0);
 }
 
 /* Forced split counts of 128 and more (up to 1024, what desc.num_splits allows): 128 (a
@@ -734,6 +750,9 @@ void t_register_forward_more_cases(void) {
   t_register("forward_many_splits", c_many_splits);
   t_register("forward_generic_merges_n32_dr0", c_generic_merges_n32_dr0);
   t_register("forward_generic_merges_n64_fp8", c_generic_merges_n64_fp8);
+  t_register("forward_small_merges_n16", c_small_merges_n16);
+  t_register("forward_small_merges_n8_dr0", c_small_merges_n8_dr0);
+  t_register("forward_small_merges_n32", c_small_merges_n32);
   t_register("forward_caller_workspace", c_caller_workspace);
   t_register("forward_T_below_max_tokens", c_t_below_max);
   t_register("forward_small_t_plan", c_small_t_plan);

@@ -336,7 +336,9 @@ static const double SM90S_BLOCK_FIXED_US[3] = {3.59, 4.64, 6.53};
 /* The generic kernel's in-kernel merge: one cluster of C a row (2 cluster barriers, O over
  * distributed shared memory), and R > 1 clusters a row (slices to L2, a release and a
  * count, the last block's L2 round trip): fitted with the rest (the cluster's own cost
- * went to 0: its residency limit, in split_cost, is what the runs show). */
+ * went to 0: its residency limit, in split_cost, is what the runs show). The small-head
+ * sm90 kernel's merge (SMLA_FWD90S_MERGE builds) is the same code and takes the same
+ * constants until a --paths run with it is fitted. */
 #define DSMEM_MERGE_US 0.0
 #define LAST_ARRIVER_US 0.84
 #define MAX_AUTO_SPLITS 64         /* beyond this the combine dominates */
@@ -346,6 +348,8 @@ typedef struct fwd_choice {
   smla_cuda_fwd_config cfg;
   int sm90;           /* 1: the sm_90a wgmma kernel */
   int hb;             /* heads a block (sm90: 64, or the small-head kernel's 8..32) */
+  int l2_merge;       /* the 64-head kernel's merge: one cluster a row, through L2 (else R
+                         clusters of C a row over distributed shared memory) */
   double tile_us;     /* compute time of one 64-entry tile of one block */
   double wave_us;     /* the kernel's fixed cost a wave */
   int groups;         /* head groups of 16 * mtiles heads */
@@ -358,12 +362,13 @@ typedef struct fwd_choice {
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* The cluster size with which s splits merge inside the kernel, or 0 (the combine
- * kernel): sm90, the whole split list as one cluster (2..8); generic, the largest C in
- * 2..8 that divides s with at most SMLA_CUDA_FWD_MERGE_MAX_R clusters a row. Only sizes
- * whose clusters can be resident (plan time query) count. */
+ * kernel): the 64-head sm90 kernel, the whole split list as one cluster (2..8); the generic
+ * and the small-head sm90 kernels, the largest C in 2..8 that divides s with at most
+ * SMLA_CUDA_FWD_MERGE_MAX_R clusters a row. Only sizes whose clusters can be resident (plan
+ * time query) count. */
 static int merge_cluster_of(const fwd_choice *c, int s) {
   if (!c->merge_clusters || s < 2) return 0;
-  if (c->sm90) return s <= 8 && c->merge_clusters[s] > 0 ? s : 0;
+  if (c->l2_merge) return s <= 8 && c->merge_clusters[s] > 0 ? s : 0;
   for (int C = 8; C >= 2; C--)
     if (s % C == 0 && s / C <= SMLA_CUDA_FWD_MERGE_MAX_R && c->merge_clusters[C] > 0) return C;
   return 0;
@@ -391,7 +396,7 @@ static double split_cost(const fwd_choice *c, const cuda_state *st, int num_head
   if (tile < mem) tile = mem;
   double cost = (double)waves * ((double)tps * tile + c->wave_us);
   if (C)
-    cost += c->sm90 ? CLUSTER_MERGE_US : DSMEM_MERGE_US + (s > C ? LAST_ARRIVER_US : 0.0);
+    cost += c->l2_merge ? CLUSTER_MERGE_US : DSMEM_MERGE_US + (s > C ? LAST_ARRIVER_US : 0.0);
   else if (s > 1)
     cost += COMBINE_FIXED_US +
             (double)T * num_heads * s * SMLA_DC * 4.0 * 2.0 / (COMBINE_FRAC * peak);
@@ -454,6 +459,7 @@ static void plan_choice(const smla_plan *plan, fwd_choice *c) {
   c->cfg.mtiles = plan->heads_per_block / 16; /* the generic kernel's; unused on sm90 */
   c->sm90 = plan->kernel == KERNEL_SM90;
   c->hb = plan->heads_per_block;
+  c->l2_merge = c->sm90 && c->hb == 64;
   c->cfg.pipe = c->sm90 ? 2 : plan->kernel;
   const int small = c->hb == 8 ? 0 : c->hb == 16 ? 1 : 2; /* the small-head kernel's */
   c->tile_us = !c->sm90 ? TILE_COMPUTE_US[c->cfg.mtiles]
@@ -572,8 +578,8 @@ static int kernel_caps(const fwd_choice *c, int cluster, int *pdl) {
 }
 
 /* The describe's words for s splits merged in the kernel in clusters of C. */
-static void merged_text(char *buf, size_t n, int sm90, int C, int s) {
-  if (sm90)
+static void merged_text(char *buf, size_t n, int l2_merge, int C, int s) {
+  if (l2_merge)
     snprintf(buf, n, " merged in-kernel");
   else
     snprintf(buf, n, " merged in-kernel (%d clusters of %d)", s / C, C);
@@ -812,8 +818,9 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   s = launched(ctx, prev, e, "smla_plan_create: cudaFuncSetAttribute");
   if (s != SMLA_OK) return s;
   /* Forwards of 2..8 splits a cluster may merge inside the kernel where such a cluster can
-   * be resident (sm90: one cluster per (t, head group); generic: R clusters of C, merged
-   * through distributed shared memory and, for R > 1, by the last cluster to finish); the
+   * be resident (the 64-head sm90 kernel: one cluster per (t, head group); the generic
+   * and the small-head sm90 kernels: R clusters of C, merged through distributed shared
+   * memory and, for R > 1, by the last cluster to finish); the
    * cost model picks per split count. A device, driver or binary without cluster launch
    * (the query fails, or says 0) gets the combine kernel for every split count. The
    * generic kernel is also launched as a programmatic dependent where its code has
@@ -858,12 +865,12 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   int64_t crow = 0;
   if (!plan->split_table) {
     cap = s_one > 1 ? d->max_tokens * s_one : 0;
-    if (merged_one && !sm90 && merge_cluster_of(&c, s_one) < s_one) crow = d->max_tokens;
+    if (merged_one && !c.l2_merge && merge_cluster_of(&c, s_one) < s_one) crow = d->max_tokens;
   } else {
     for (int64_t T = 1; T <= plan->split_rows; T++) {
       const int k = plan->split_table[T - 1] & ~SPLIT_MERGED;
       if (k > 1 && T * k > cap) cap = T * k;
-      if ((plan->split_table[T - 1] & SPLIT_MERGED) && !sm90 && merge_cluster_of(&c, k) < k)
+      if ((plan->split_table[T - 1] & SPLIT_MERGED) && !c.l2_merge && merge_cluster_of(&c, k) < k)
         crow = T;
     }
   }
@@ -880,12 +887,12 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   plan->counters_offset = crow ? (part_bytes + 255) / 256 * 256 : part_bytes;
   *workspace_bytes = plan->counters_offset + (size_t)crow * c.groups * 8 * sizeof(int32_t);
 
-  /* "merged in-kernel", with the generic kernel's clusters: C a cluster x R a row */
+  /* "merged in-kernel", with the clusters of a DSMEM merge: C a cluster x R a row */
   char m_one[48] = "", m_max[48] = "";
   const int c_one = merged_one ? merge_cluster_of(&c, s_one) : 0;
   const int c_max = merged_max ? merge_cluster_of(&c, s_max) : 0;
-  if (c_one) merged_text(m_one, sizeof m_one, sm90, c_one, s_one);
-  if (c_max) merged_text(m_max, sizeof m_max, sm90, c_max, s_max);
+  if (c_one) merged_text(m_one, sizeof m_one, c.l2_merge, c_one, s_one);
+  if (c_max) merged_text(m_max, sizeof m_max, c.l2_merge, c_max, s_max);
 
   const char *policy = d->num_splits > 0 ? "forced"
                        : (d->flags & SMLA_PLAN_BATCH_INVARIANT) ? "batch-invariant, fixed"
@@ -1007,7 +1014,7 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p,
   a.cluster_merge = merged ? merge_cluster_of(&c, splits) : 0;
   a.pdl = plan->forward_pdl;
   a.resident_blocks = ((const cuda_state *)ctx->backend_state)->sm_count;
-  if (a.cluster_merge && a.cluster_merge < splits) { /* generic, R > 1 clusters a row */
+  if (a.cluster_merge && a.cluster_merge < splits) { /* R > 1 clusters a row */
     if (T > plan->counter_rows)
       return smla_set_error(ctx, SMLA_ERR_INTERNAL, "%s: T = %lld needs merge counters the "
                             "plan has for %lld rows only", fn, (long long)T,

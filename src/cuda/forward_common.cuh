@@ -233,6 +233,166 @@ __device__ __forceinline__ fwd_row_out fwd_row_epilogue(const smla_cuda_fwd_args
   return r;
 }
 
+/* ---- sm_90 only (call under __CUDA_ARCH__ >= 900): the in-kernel merge of KV splits ---- */
+
+/* bar.sync over the NT threads that run the merge: the whole block (BAR 0, the generic
+ * kernel), or the compute warpgroup of the small-head sm90 kernel (its named barrier). */
+template <int BAR, int NT>
+__device__ __forceinline__ void fwd_merge_bar() {
+  if constexpr (BAR == 0) __syncthreads();
+  else asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(NT) : "memory");
+}
+
+/* The in-kernel merge of KV splits over distributed shared memory (a.cluster_merge = C >=
+ * 2, R = num_splits / C clusters a row; docs/design/decode-one-launch.md), shared by the
+ * generic kernel and the small-head sm90 kernel. Called by the NT threads of every block of
+ * the cluster that staged the block's state: O unnormalized as [M][ST] floats at ost_s, each
+ * row's max at m_s and sum at l_s (shared addresses of this block's layout, the same in
+ * every block of the cluster); flag: an int of shared memory.
+ * 1. A cluster barrier publishes the staged state.
+ * 2. Block k merges its float4 columns [128 k / C, 128 (k + 1) / C) of every row over the C
+ *    blocks through distributed shared memory: weights exp(m_i - M) (0 where l_i = 0), M
+ *    the max of the m_i (NaN if any is), L the weighted sum of the l_i. Thread (row,
+ *    sub): NT / M threads a row, each taking every (NT / M)-th unit.
+ * 3. R = 1: the final row (times value_scale / (L + sink term); zeros when L = 0) and, from
+ *    block 0, lse and max_logit: the rules of fwd_row_epilogue over the merged (M, L).
+ *    R > 1: the slice and (M, L) to the workspace, a fence, one count a block on
+ *    merge_counters[(t, group, k)]; the block that counts R merges the R slices the same
+ *    way (weights exp(M_r - M'), sum of L_r weighted) into the final row and resets the
+ *    counter. No block waits for another across clusters: the last one does the work.
+ * A second cluster barrier (arrive after the distributed reads, wait before exit) keeps
+ * each block's shared memory alive while the others read it. Threads of the block that do
+ * not call this must have exited (the cluster barriers count every thread that has not). */
+template <int M, int NT, int ST, int BAR>
+__device__ __forceinline__ void fwd_dsmem_merge(const smla_cuda_fwd_args &a, uint32_t ost_s,
+                                                uint32_t m_s, uint32_t l_s, int *flag, int tid,
+                                                int64_t t, int grp, int split, int h0) {
+  constexpr int TPR = NT / M;
+  static_assert(TPR * M == NT && TPR >= 1, "whole rows a thread group");
+  const float NEG_INF = -INFINITY;
+  cluster_sync_acq_rel();
+
+  const int C = a.cluster_merge, R = a.num_splits / C, k = split % C, r = split / C;
+  const int u0 = 128 * k / C, u1 = 128 * (k + 1) / C;
+  const int row = tid / TPR, sub = tid - row * TPR, head = h0 + row;
+  const bool live = head < a.num_heads;
+  float w[8], M_ = NEG_INF, L_ = 0.0f;
+  {
+    float mk[8], lk[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      mk[i] = NEG_INF;
+      lk[i] = 0.0f;
+      if (i < C && live) {
+        mk[i] = ld_cluster_f32(m_s + 4u * row, (uint32_t)i);
+        lk[i] = ld_cluster_f32(l_s + 4u * row, (uint32_t)i);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) M_ = fmax_nan(M_, mk[i]);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      w[i] = part_weight(mk[i], lk[i], M_);
+      L_ = fmaf(lk[i], w[i], L_);
+    }
+  }
+  uint16_t *orow = a.out + t * a.out_stride_t + (int64_t)head * a.out_stride_h;
+  const int64_t prow = (((int64_t)r * a.num_tokens + t) * a.num_heads + head) * 512;
+  const float f = row_out_factor(a.sink, head, M_, L_, a.value_scale);
+  if (live) {
+#pragma unroll 1
+    for (int u = u0 + sub; u < u1; u += TPR) {
+      const uint32_t at = ost_s + (uint32_t)(row * ST + 4 * u) * 4u;
+      float4 v[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+        if (i < C) v[i] = ld_cluster_f32x4(at, (uint32_t)i);
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+        if (i < C && w[i] != 0.0f) { /* 0 x a NaN of an unused split's O stays out */
+          acc.x = fmaf(v[i].x, w[i], acc.x);
+          acc.y = fmaf(v[i].y, w[i], acc.y);
+          acc.z = fmaf(v[i].z, w[i], acc.z);
+          acc.w = fmaf(v[i].w, w[i], acc.w);
+        }
+      if (R == 1)
+        *(uint2 *)(orow + 4 * u) =
+            make_uint2(pack_bf16x2(acc.x * f, acc.y * f), pack_bf16x2(acc.z * f, acc.w * f));
+      else
+        *(float4 *)(a.part_out + prow + 4 * u) = acc;
+    }
+  }
+  cluster_arrive_release(); /* this block's distributed reads are done */
+  if (R == 1) {
+    if (k == 0 && sub == 0 && live) fwd_store_row_scalars(a, t, head, M_, L_, M_);
+  } else {
+    const int64_t mrow = (((int64_t)k * R + r) * a.num_tokens + t) * a.num_heads + head;
+    if (sub == 0 && live) {
+      a.part_max[mrow] = M_;
+      a.part_lse[mrow] = L_;
+    }
+    /* One release a block (after the barrier, which orders the block's writes before it)
+     * and one acquire in the last block, as a block-wide semaphore does. */
+    fwd_merge_bar<BAR, NT>();
+    int *counter = a.merge_counters + (t * a.groups + grp) * 8 + k;
+    if (tid == 0) {
+      __threadfence();
+      const int last = atomicAdd(counter, 1) == R - 1;
+      if (last) __threadfence(); /* the other clusters' slices, counted before this */
+      *flag = last;
+    }
+    fwd_merge_bar<BAR, NT>();
+    if (*flag) {
+      if (live) {
+        /* R <= SMLA_CUDA_FWD_MERGE_MAX_R (the plan's limit): each unit's R slices and the R (M, L)
+         * pairs are loaded together (one L2 round trip), then weighed; a weight of 0
+         * (a cluster with no used entry) keeps its slice out of the sum. */
+        const int64_t mstep = a.num_tokens * a.num_heads;
+        const int64_t m0 = (int64_t)k * R * mstep + t * a.num_heads + head;
+        const int64_t p0 = (t * a.num_heads + head) * 512, pstep = mstep * 512;
+#pragma unroll 1
+        for (int u = u0 + sub; u < u1; u += TPR) {
+          float Mq[SMLA_CUDA_FWD_MERGE_MAX_R], Lq[SMLA_CUDA_FWD_MERGE_MAX_R];
+          float4 v[SMLA_CUDA_FWD_MERGE_MAX_R];
+#pragma unroll
+          for (int q = 0; q < SMLA_CUDA_FWD_MERGE_MAX_R; q++) {
+            Mq[q] = NEG_INF;
+            Lq[q] = 0.0f;
+            if (q < R) {
+              Mq[q] = __ldcg(a.part_max + m0 + q * mstep);
+              Lq[q] = __ldcg(a.part_lse + m0 + q * mstep);
+              v[q] = __ldcg((const float4 *)(a.part_out + p0 + q * pstep + 4 * u));
+            }
+          }
+          float Mf = NEG_INF, Lf = 0.0f;
+#pragma unroll
+          for (int q = 0; q < SMLA_CUDA_FWD_MERGE_MAX_R; q++) Mf = fmax_nan(Mf, Mq[q]);
+          float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+          for (int q = 0; q < SMLA_CUDA_FWD_MERGE_MAX_R; q++) {
+            const float wq = part_weight(Mq[q], Lq[q], Mf);
+            Lf = fmaf(Lq[q], wq, Lf);
+            if (q < R && wq != 0.0f) {
+              acc.x = fmaf(v[q].x, wq, acc.x);
+              acc.y = fmaf(v[q].y, wq, acc.y);
+              acc.z = fmaf(v[q].z, wq, acc.z);
+              acc.w = fmaf(v[q].w, wq, acc.w);
+            }
+          }
+          const float ff = row_out_factor(a.sink, head, Mf, Lf, a.value_scale);
+          *(uint2 *)(orow + 4 * u) = make_uint2(pack_bf16x2(acc.x * ff, acc.y * ff),
+                                                pack_bf16x2(acc.z * ff, acc.w * ff));
+          if (k == 0 && sub == 0 && u == u0) /* sub 0 has a unit: u1 - u0 >= 16 */
+            fwd_store_row_scalars(a, t, head, Mf, Lf, Mf);
+        }
+      }
+      if (tid == 0) *counter = 0; /* every count of this launch is in */
+    }
+  }
+  cluster_wait(); /* no block leaves while another may still read its shared memory */
+}
+
 /* The launch's arguments warmed (SMLA_FWD_WARM_PARAMS, default 1: the generic and the
  * small-head kernels, both programmatic dependents): each warp issues one constant load
  * into its own 64-byte line of the ~376-byte argument block (warp w: byte 64 w, the last

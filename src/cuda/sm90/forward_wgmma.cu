@@ -863,6 +863,13 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #ifndef SMLA_FWD90_SMALL
 #define SMLA_FWD90_SMALL 2
 #endif
+/* SMLA_FWD90S_MERGE: 1 lets the plan merge the small-head kernel's splits inside the kernel
+ * (R clusters of C over distributed shared memory, fwd_dsmem_merge, as the generic kernel
+ * does; docs/design/decode-one-launch.md, session 23); 0 (the default until measured):
+ * the combine kernel only. */
+#ifndef SMLA_FWD90S_MERGE
+#define SMLA_FWD90S_MERGE 0
+#endif
 #if SMLA_FWD90_SMALL
 
 struct ws_layout {
@@ -1065,31 +1072,63 @@ __global__ void __launch_bounds__(256, 1)
       }
     WS_SYNC(); /* also: every wgmma read of Q done (dst_s overwrites it) */
     float *ost = (float *)(smem + L.kv);
+    float lh[NB][2]; /* each head's sum over the 4 warps */
 #pragma unroll
     for (int n = 0; n < NB; n++)
 #pragma unroll
       for (int c = 0; c < 2; c++) {
-        const int h = 8 * n + 2 * tig + c, head = h0 + h;
-        const bool writer = wq == 0 && g == 0;
-        f[n][c] = 0.0f;
-        if (head >= a.num_heads) {
-          if (writer) dst_s[h] = NULL;
-          continue;
+        const int h = 8 * n + 2 * tig + c;
+        lh[n][c] = red[4 * HG + h] + red[5 * HG + h] + red[6 * HG + h] + red[7 * HG + h];
+      }
+    if (a.cluster_merge) {
+      /* The row's splits merge in the kernel (fwd_dsmem_merge): O unnormalized over the
+       * stages, each head's max and sum over the first 2 HG floats of red (the maxima, last
+       * read in the last tile; the sums read here are past them). */
+      if (wq == 0 && g == 0)
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+#pragma unroll
+          for (int c = 0; c < 2; c++) {
+            const int h = 8 * n + 2 * tig + c;
+            red[h] = m_run[n][c];
+            red[HG + h] = lh[n][c];
+          }
+#pragma unroll
+      for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+        for (int i = 0; i < HG / 2; i++) {
+          const int h = 8 * (i >> 2) + 2 * tig + (i & 1);
+          ost[h * W_OST_STRIDE + 64 * mt + r0 + 8 * ((i & 3) >> 1)] = O[mt][i];
         }
-        const float l = red[4 * HG + h] + red[5 * HG + h] + red[6 * HG + h] + red[7 * HG + h];
-        const fwd_row_out r = fwd_row_epilogue(a, t, split, head, l, m_run[n][c], m_top[n][c], writer);
-        if (writer) dst_s[h] = r.out ? (void *)r.out : (void *)r.part;
-        f[n][c] = r.f;
-      }
+      fwd_dsmem_merge<HG, 128, W_OST_STRIDE, 1>(a, kv_s, sbase + L.red, sbase + L.red + 4u * HG,
+                                                (int *)(smem + L.mask), tid, t, grp, split, h0);
+    } else {
 #pragma unroll
-    for (int mt = 0; mt < 8; mt++)
+      for (int n = 0; n < NB; n++)
 #pragma unroll
-      for (int i = 0; i < HG / 2; i++) {
-        const int n = i >> 2, e = i & 3, h = 8 * n + 2 * tig + (e & 1);
-        ost[h * W_OST_STRIDE + 64 * mt + r0 + 8 * (e >> 1)] = O[mt][i] * f[n][e & 1];
-      }
-    WS_SYNC();
-    w_store_rows(a, ost, dst_s, wq, HG, 4);
+        for (int c = 0; c < 2; c++) {
+          const int h = 8 * n + 2 * tig + c, head = h0 + h;
+          const bool writer = wq == 0 && g == 0;
+          f[n][c] = 0.0f;
+          if (head >= a.num_heads) {
+            if (writer) dst_s[h] = NULL;
+            continue;
+          }
+          const fwd_row_out r =
+              fwd_row_epilogue(a, t, split, head, lh[n][c], m_run[n][c], m_top[n][c], writer);
+          if (writer) dst_s[h] = r.out ? (void *)r.out : (void *)r.part;
+          f[n][c] = r.f;
+        }
+#pragma unroll
+      for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+        for (int i = 0; i < HG / 2; i++) {
+          const int n = i >> 2, e = i & 3, h = 8 * n + 2 * tig + (e & 1);
+          ost[h * W_OST_STRIDE + 64 * mt + r0 + 8 * (e >> 1)] = O[mt][i] * f[n][e & 1];
+        }
+      WS_SYNC();
+      w_store_rows(a, ost, dst_s, wq, HG, 4);
+    }
 #undef WS_SYNC
   }
   fwd_count_bad(a, grp, bad);
@@ -1166,15 +1205,16 @@ static cudaLaunchConfig_t w_config(unsigned blocks, unsigned threads, uint32_t s
   return c;
 }
 
-/* Resident clusters of `splits` blocks (0: none; the small-head kernel never merges in the
- * kernel). */
+/* Resident clusters of `splits` blocks (0: none): the 64-head kernel's cluster merge (one
+ * cluster a row and head group), the small-head kernel's over distributed shared memory
+ * (clusters of `splits`, R of them a row). */
 extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int hb, int splits,
                                                         int *clusters) {
   *clusters = 0;
-  if (splits < 2 || splits > 8 || hb < 64) return cudaSuccess;
+  if (splits < 2 || splits > 8 || (hb < 64 && !SMLA_FWD90S_MERGE)) return cudaSuccess;
   cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t c = w_config((unsigned)splits, W_BLOCK, smla_cuda_fwd90_smem_bytes(dr, hb),
-                                  splits, 0, NULL, attr);
+  cudaLaunchConfig_t c = w_config((unsigned)splits, hb < 64 ? 256u : (unsigned)W_BLOCK,
+                                  smla_cuda_fwd90_smem_bytes(dr, hb), splits, 0, NULL, attr);
   return cudaOccupancyMaxActiveClusters(clusters, w_kernel(dr, hb), &c);
 }
 
@@ -1183,9 +1223,13 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fw
   const int64_t blocks = a->num_tokens * a->groups * a->num_splits;
   if (blocks <= 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  if (a->cluster_merge && (hb < 64 || a->num_splits < 2 || a->num_splits > 8 ||
-                           a->cluster_merge != a->num_splits))
-    return cudaErrorInvalidValue;
+  const int C = a->cluster_merge;
+  if (C && hb == 64 && (a->num_splits < 2 || a->num_splits > 8 || C != a->num_splits))
+    return cudaErrorInvalidValue; /* one cluster a row */
+  if (C && hb < 64 && (C < 2 || C > 8 || a->num_splits % C != 0 ||
+                       a->num_splits / C > SMLA_CUDA_FWD_MERGE_MAX_R ||
+                       (a->num_splits > C && !a->merge_counters)))
+    return cudaErrorInvalidValue; /* R clusters of C a row */
   if (hb < 64 && smla_cuda_fwd90_small_heads(hb) != hb) return cudaErrorInvalidValue;
   int64_t grid = blocks; /* the persistent grid: at most one block a resident slot */
   if (SMLA_FWD90_PERSIST == 1 && hb == 64 && a->num_splits == 1 && !a->cluster_merge &&
@@ -1194,7 +1238,7 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fw
   cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t c = w_config((unsigned)grid, hb < 64 ? 256u : (unsigned)W_BLOCK,
                                   smla_cuda_fwd90_smem_bytes(dr, hb),
-                                  a->cluster_merge ? a->num_splits : 1, a->pdl, stream, attr);
+                                  C ? C : 1, a->pdl, stream, attr);
   void *args[1] = {(void *)a};
   return cudaLaunchKernelExC(&c, w_kernel(dr, hb), args);
 }
