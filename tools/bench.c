@@ -930,17 +930,19 @@ static int bench_paths_shape(const tool_device *d, const bench_opts *o, const be
   }
   /* Narrower head groups where few rows leave SMs idle: hb heads a block (fewer than the
    * N rounded up to 8, 16, 32 or 64, at most 8 groups), on either kernel, with the plan's
-   * splits or 8, 16, 32 of them. */
+   * splits or 8, 16, 32 of them; on the plan's kernel also with the combine kernel only
+   * (where that kernel may merge in-kernel, the forced splits do). */
   const int natural = N > 32 ? 64 : N > 16 ? 32 : N > 8 ? 16 : 8;
   static const int paths_hb_splits[] = {0, 8, 16, 32};
   for (int hb = 8; hb < natural && T <= 32; hb *= 2) {
     if ((N + hb - 1) / hb > 8) continue;
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
       for (size_t i = 0; i < sizeof paths_hb_splits / sizeof *paths_hb_splits; i++) {
         if (paths_hb_splits[i] > ntiles || nv >= BENCH_MAX_VARIANTS) continue;
         v[nv] = *o;
         v[nv].hb = hb;
         v[nv].portable = k == 1;
+        v[nv].separate = k == 2;
         v[nv].splits = paths_hb_splits[i];
         nv++;
       }
