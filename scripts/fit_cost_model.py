@@ -92,7 +92,7 @@ def model_us(c, kern, hb, N, T, K, row_bytes, s, merged, sms, peak, clusters=Non
     groups = -(-N // hb)
     resident = sms
     if merged and clusters:
-        C = s if kern == "sm90" else max(cc for cc in range(2, 9) if s % cc == 0)
+        C = s if kern in ("sm90", "sm90s") else max(cc for cc in range(2, 9) if s % cc == 0)
         if clusters.get(C, 0) * C < resident:
             resident = clusters[C] * C
     blocks = T * groups * s
@@ -176,10 +176,10 @@ def model_best(c, kern, hb, N, T, sh, peak):
     best = None
     for s in splits:
         ms = [False]
-        if kern == "sm90" and 2 <= s <= 8 and cl.get(s, 0) > 0:
+        if kern in ("sm90", "sm90s") and 2 <= s <= 8 and cl.get(s, 0) > 0:
             ms.append(True)
-        if kern in ("gen", "sm90s") and any(s % C == 0 and s // C <= 16 and cl.get(C, 0) > 0
-                                            for C in range(2, 9)):
+        if kern == "gen" and any(s % C == 0 and s // C <= 16 and cl.get(C, 0) > 0
+                                 for C in range(2, 9)):
             ms.append(True)
         for m in ms:
             v = model_us(c, kern, hb, N, T, sh["K"], sh["row_bytes"], s, m, sh["sms"], peak,

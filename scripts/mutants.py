@@ -400,6 +400,11 @@ def main():
     if stale:
         sys.exit("mutants: stale anchors, update the mutants with the code: " + "; ".join(stale))
 
+    if args.from_build and os.path.normpath(args.from_build) != "build":
+        # Its objects' dependency files name their own folder: copied in as build/, no
+        # object would see the mutated source and every mutant would survive (session 23).
+        sys.exit("mutants: --from-build takes the folder `make` built as BUILD=build, not %s"
+                 % args.from_build)
     gpu = args.target == "gpu"
     work = args.keep or tempfile.mkdtemp(prefix="smla-mutants-")
     base = os.path.join(work, "base")

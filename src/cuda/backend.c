@@ -362,13 +362,16 @@ typedef struct fwd_choice {
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* The cluster size with which s splits merge inside the kernel, or 0 (the combine
- * kernel): the 64-head sm90 kernel, the whole split list as one cluster (2..8); the generic
- * and the small-head sm90 kernels, the largest C in 2..8 that divides s with at most
- * SMLA_CUDA_FWD_MERGE_MAX_R clusters a row. Only sizes whose clusters can be resident (plan
- * time query) count. */
+ * kernel): the sm90 kernels, the whole split list as one cluster (2..8); the generic
+ * kernel, the largest C in 2..8 that divides s with at most SMLA_CUDA_FWD_MERGE_MAX_R
+ * clusters a row. The small-head kernel could merge R > 1 clusters a row too (its merge is
+ * the generic kernel's), but every such path measured slower than the combine, by 1-10 us
+ * (H100, bench/RESULTS.md session 23 call 1: 16 of 16 pairs at T = 1 and 16), where one
+ * cluster a row was level or faster at T = 1. Only sizes whose clusters can be resident
+ * (plan time query) count. */
 static int merge_cluster_of(const fwd_choice *c, int s) {
   if (!c->merge_clusters || s < 2) return 0;
-  if (c->l2_merge) return s <= 8 && c->merge_clusters[s] > 0 ? s : 0;
+  if (c->sm90) return s <= 8 && c->merge_clusters[s] > 0 ? s : 0;
   for (int C = 8; C >= 2; C--)
     if (s % C == 0 && s / C <= SMLA_CUDA_FWD_MERGE_MAX_R && c->merge_clusters[C] > 0) return C;
   return 0;
