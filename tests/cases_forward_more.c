@@ -492,7 +492,7 @@ static void c_wide_n128_merges(t_case *tc) {
  * say it does, with the clusters expected, so that a lost merge path cannot pass as the
  * combine kernel. */
 static void dsmem_merges(t_case *tc, int N, int dr, smla_cache_format format, float softcap,
-                           int sink, uint32_t flags0) {
+                         int sink, uint32_t flags0) {
   static const struct { int splits; uint32_t flags; int C; } cfg[9] = {
       {2, 0, 2}, {3, 0, 3}, {7, 0, 7}, {8, 0, 8}, {14, 0, 7}, {16, 0, 8}, {24, 0, 8},
       {32, 0, 8}, {16, SMLA_PLAN_SEPARATE_MERGE, 0}};

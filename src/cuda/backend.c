@@ -821,8 +821,9 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   s = launched(ctx, prev, e, "smla_plan_create: cudaFuncSetAttribute");
   if (s != SMLA_OK) return s;
   /* Forwards of 2..8 splits a cluster may merge inside the kernel where such a cluster can
-   * be resident (the 64-head sm90 kernel: one cluster per (t, head group); the generic
-   * and the small-head sm90 kernels: R clusters of C, merged through distributed shared
+   * be resident (the sm90 kernels: one cluster per (t, head group), the 64-head kernel's
+   * through L2, the small-head kernel's, in SMLA_FWD90S_MERGE builds, through distributed
+   * shared memory; the generic kernel: R clusters of C, merged through distributed shared
    * memory and, for R > 1, by the last cluster to finish); the
    * cost model picks per split count. A device, driver or binary without cluster launch
    * (the query fails, or says 0) gets the combine kernel for every split count. The

@@ -157,9 +157,10 @@ typedef struct smla_cuda_fwd_args {
   /* cluster_merge = C >= 2: the splits merge inside the kernel, no combine kernel. Blocks
    * are numbered (t, group, split), split fastest, and launched as clusters of C
    * consecutive splits. sm90 64-head kernel: C == num_splits (2..8), part_out the exchange.
-   * Generic kernel (sm_90 code only: smla_cuda_fwd_caps) and the sm90 small-head kernel:
-   * R = num_splits / C clusters a (t, group); the blocks of a cluster merge through distributed shared memory, block k
-   * owning float4 columns [128 k / C, 128 (k + 1) / C); with R > 1, block k of each cluster
+   * Generic kernel (sm_90 code only: smla_cuda_fwd_caps) and the sm90 small-head kernel
+   * (whose plans give it R = 1): R = num_splits / C clusters a (t, group); the blocks of a
+   * cluster merge through distributed shared memory (fwd_dsmem_merge), block k owning
+   * float4 columns [128 k / C, 128 (k + 1) / C); with R > 1, block k of each cluster
    * writes its merged slice (unnormalized, relative to the cluster's max) to part_out row
    * (r * T + t) * N + h and the cluster's max and sum to part_max / part_lse at ((k * R +
    * r) * T + t) * N + h, then counts itself on merge_counters; the block that counts last
