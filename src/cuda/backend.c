@@ -365,10 +365,10 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
  * kernel): the sm90 kernels, the whole split list as one cluster (2..8); the generic
  * kernel, the largest C in 2..8 that divides s with at most SMLA_CUDA_FWD_MERGE_MAX_R
  * clusters a row. The small-head kernel could merge R > 1 clusters a row too (its merge is
- * the generic kernel's), but every such path measured slower than the combine, by 1-10 us
- * (H100, bench/RESULTS.md session 23 call 1: 16 of 16 pairs at T = 1 and 16), where one
- * cluster a row was level or faster at T = 1. Only sizes whose clusters can be resident
- * (plan time query) count. */
+ * the generic kernel's), but every such path measured slower than the combine (H100,
+ * bench/RESULTS.md session 23 call 1: 28 of 28 pairs at T = 1 and 16, by 1.4-13 us at T =
+ * 1), where one cluster a row was level or faster at T = 1. Only sizes whose clusters can
+ * be resident (plan time query) count. */
 static int merge_cluster_of(const fwd_choice *c, int s) {
   if (!c->merge_clusters || s < 2) return 0;
   if (c->sm90) return s <= 8 && c->merge_clusters[s] > 0 ? s : 0;
