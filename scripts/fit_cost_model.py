@@ -51,6 +51,8 @@ DEFAULT = {
     "CLUSTER_MERGE_US": 4.96,
     "DSMEM_MERGE_US": 0.0,
     "LAST_ARRIVER_US": 0.84,
+    "SM90S_MERGE_US": 1.0,            # the small-head kernel's in-kernel merge (one cluster a
+                                      # row; SMLA_FWD90S_MERGE builds)
     "FORWARD_FIXED_US": 0.0,          # every path of a shape alike (launch, the graph's
                                       # share): fits the times, never changes a choice; not
                                       # in the C model
@@ -92,8 +94,11 @@ def model_us(c, kern, hb, N, T, K, row_bytes, s, merged, sms, peak, clusters=Non
     groups = -(-N // hb)
     resident = sms
     if merged and clusters:
-        C = s if kern in ("sm90", "sm90s") else max(cc for cc in range(2, 9) if s % cc == 0)
-        if clusters.get(C, 0) * C < resident:
+        # (the small-head kernel's R > 1 paths, measured before its plans stopped taking
+        # them, are priced as the generic kernel's)
+        C = s if kern == "sm90" or (kern == "sm90s" and s <= 8) else \
+            max(cc for cc in range(2, 9) if s % cc == 0)
+        if 0 < clusters.get(C, 0) * C < resident:
             resident = clusters[C] * C
     blocks = T * groups * s
     active = min(blocks, resident)
@@ -106,6 +111,8 @@ def model_us(c, kern, hb, N, T, K, row_bytes, s, merged, sms, peak, clusters=Non
     if merged:
         if kern == "sm90":
             cost += c["CLUSTER_MERGE_US"]
+        elif kern == "sm90s" and s <= 8:
+            cost += c["SM90S_MERGE_US"]
         else:
             C = max(cc for cc in range(2, 9) if s % cc == 0)
             cost += c["DSMEM_MERGE_US"] + (c["LAST_ARRIVER_US"] if s > C else 0.0)
@@ -133,10 +140,11 @@ def load(files):
             pm = re.search(r"SMs, ([\d.]+) TB/s\)", r["path"])
             if pm and "peak" not in sh:  # the peak the plan read from the device (2 digits)
                 sh["peak"] = float(pm.group(1)) * 1e6
-            cm = re.search(r"resident clusters of 2\.\.8: ([\d ]+)", r["path"])
-            if cm:  # the capacities the plan found, by kernel
-                sh.setdefault("clusters", {})[kern] = {
-                    i + 2: int(x) for i, x in enumerate(cm.group(1).split())}
+            cm = re.search(r"resident clusters of (\d+)\.\.\d+: ([\d ]+)", r["path"])
+            if cm:  # the capacities the plan found, by kernel and heads a block
+                lo = int(cm.group(1))
+                sh.setdefault("clusters", {})[(kern, hb)] = {
+                    i + lo: int(x) for i, x in enumerate(cm.group(2).split())}
             pk = (kern, hb, s, merged)
             # the same path twice (the plan's own choice and its forced twin): the faster
             if pk not in sh["paths"] or r["median_us"] < sh["paths"][pk]:
@@ -172,7 +180,7 @@ def model_best(c, kern, hb, N, T, sh, peak):
         composite = any(nt % d == 0 for d in range(2, int(math.isqrt(nt)) + 1))
         splits = [s for s in range(1, min(nt, 64) + 1)
                   if -(-nt // -(-nt // s)) == s and (not composite or nt % s == 0)]
-    cl = sh.get("clusters", {}).get(kern) or {}
+    cl = sh.get("clusters", {}).get((kern, hb)) or {}
     best = None
     for s in splits:
         ms = [False]
@@ -246,7 +254,7 @@ def score(c, shapes, peak, kernels=None, per_t=""):
         cl = sh.get("clusters", {})
         pk = sh.get("peak", peak)
         pred = {k: model_us(c, k[0], k[1], N, T, sh["K"], sh["row_bytes"], k[2], k[3],
-                            sh["sms"], pk, cl.get(k[0])) for k in paths}
+                            sh["sms"], pk, cl.get((k[0], k[1]))) for k in paths}
         for k in paths:
             err += math.log(pred[k] / paths[k]) ** 2
             n += 1
@@ -282,6 +290,8 @@ def main():
                     help="--per-t=all: score the model's cheapest measured path of every "
                     "kernel and head group (default: the C plan's choice, few-rows chain "
                     "included)")
+    ap.add_argument("--only", default="",
+                    help="with --fit: fit only these constants (comma-separated), the rest kept")
     ap.add_argument("--test", nargs="*", default=[],
                     help="runs held out of the fit: scored with the fitted constants")
     a = ap.parse_args()
@@ -299,6 +309,11 @@ def main():
             r, _, e = score(cc, shapes, peak, kernels, a.per_t)
             return r + 0.5 * e
         names = [n for n in c if n != "FORWARD_FIXED_US"]
+        if a.only:
+            unknown = [n for n in a.only.split(",") if n not in c]
+            if unknown:
+                sys.exit("fit_cost_model: unknown constant(s) %s" % ", ".join(unknown))
+            names = a.only.split(",")
         c["FORWARD_FIXED_US"] = 5.0
         step = 0.4
         cur = objective(c)

@@ -336,11 +336,14 @@ static const double SM90S_BLOCK_FIXED_US[3] = {3.59, 4.64, 6.53};
 /* The generic kernel's in-kernel merge: one cluster of C a row (2 cluster barriers, O over
  * distributed shared memory), and R > 1 clusters a row (slices to L2, a release and a
  * count, the last block's L2 round trip): fitted with the rest (the cluster's own cost
- * went to 0: its residency limit, in split_cost, is what the runs show). The small-head
- * sm90 kernel's merge (SMLA_FWD90S_MERGE builds) is the same code and takes the same
- * constants until a --paths run with it is fitted. */
+ * went to 0: its residency limit, in split_cost, is what the runs show). */
 #define DSMEM_MERGE_US 0.0
 #define LAST_ARRIVER_US 0.84
+/* The small-head sm90 kernel's merge (one cluster a row; SMLA_FWD90S_MERGE builds): not
+ * fitted yet. 1.0 starts the fit (its multiplicative steps cannot move a 0); fitted alone
+ * to session 23's one H100 run of 6 shapes it stays at 1.05, and the plan still misses 2
+ * of them by its small-head tiles at T = 16, not by this constant. */
+#define SM90S_MERGE_US 1.0
 #define MAX_AUTO_SPLITS 64         /* beyond this the combine dominates */
 #define NO_SPLIT_WAVES 4           /* T * groups >= 4 waves of SMs: never split */
 
@@ -399,7 +402,9 @@ static double split_cost(const fwd_choice *c, const cuda_state *st, int num_head
   if (tile < mem) tile = mem;
   double cost = (double)waves * ((double)tps * tile + c->wave_us);
   if (C)
-    cost += c->l2_merge ? CLUSTER_MERGE_US : DSMEM_MERGE_US + (s > C ? LAST_ARRIVER_US : 0.0);
+    cost += c->l2_merge ? CLUSTER_MERGE_US
+            : c->sm90   ? SM90S_MERGE_US
+                        : DSMEM_MERGE_US + (s > C ? LAST_ARRIVER_US : 0.0);
   else if (s > 1)
     cost += COMBINE_FIXED_US +
             (double)T * num_heads * s * SMLA_DC * 4.0 * 2.0 / (COMBINE_FRAC * peak);
