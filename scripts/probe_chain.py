@@ -13,6 +13,10 @@ a8812ff, kept here for older logs). Stamps (ns, %globaltimer):
   BF16 only, else 0), t3 tile 0 landed, t4 tile loop done, t5 row sums exchanged, t6
   epilogue's stores issued;
 - combine: t0 entry, t1 after the dependency wait, t6 done;
+- sm90 forward, kind 12 (session 23 on): t0 entry, t1..t6 compute thread 0's phases summed
+  over its tiles (own tiles: the wait for the other warpgroup's cross PV before S; the full
+  wait; S; the logits, max, exponentials and P published; the other's tiles: the wait for
+  the own PV before and on pready; both: the rescale and PV issued), t7 done;
 - sm90 forward, kind 11: t0 entry, t1..t6 compute thread 0's phases summed over its tiles
   (the wait for the PV before, and on the other warpgroup's tiles the pready wait; the
   full wait of its own tiles (before session 14: full or pready); S; the logits, max and
@@ -56,9 +60,9 @@ def main():
             launches.append({"kind": e[0], "ev": [e]})
     for L in launches:
         L["start"] = min(x[4][0] for x in L["ev"])
-        L["end"] = max(x[4][7 if L["kind"] in (10, 11) else 6] for x in L["ev"])
+        L["end"] = max(x[4][7 if L["kind"] in (10, 11, 12) else 6] for x in L["ev"])
     names = {0: "forward", 1: "forward+merge", 2: "merge4", 3: "merge3", 10: "sm90 forward",
-             11: "sm90 v11 forward"}
+             11: "sm90 v11 forward", 12: "sm90 v11 forward"}
     print(f"{len(ev)} events, {len(launches)} launches")
     for k in sorted({L["kind"] for L in launches}):
         ls = [L for L in launches if L["kind"] == k]
@@ -66,13 +70,17 @@ def main():
         span = [L["end"] - L["start"] for L in ls]
         print(f"{names.get(k, k)}: {len(ls)} launches, span (first entry to last end) "
               f"median {med(span) / 1e3:.2f} us")
-        if k == 11:  # v11: t1..t6 are phase sums over the tiles
+        if k in (11, 12):  # v11: t1..t6 are phase sums over the tiles
             tiles = med([x[3] for x in es])
             print(f"  tiles a block (median) {tiles}")
             print(f"  entry -> end               {med([x[4][7] - x[4][0] for x in es]) / 1e3:6.2f} us")
-            for i, what in enumerate(("PV before; cross: + pready", "full wait (own tiles)",
-                                      "S issued, waited (own)", "logits, max, exp (own)",
-                                      "P, m stored, published (own)", "rescale, PV issued")):
+            whats = (("PV before; cross: + pready", "full wait (own tiles)",
+                      "S issued, waited (own)", "logits, max, exp (own)",
+                      "P, m stored, published (own)", "rescale, PV issued") if k == 11 else
+                     ("own: the cross PV before", "full wait (own tiles)",
+                      "S issued, waited (own)", "softmax, P published (own)",
+                      "cross: own PV before, pready", "rescale, PV issued"))
+            for i, what in enumerate(whats):
                 per = med([x[4][1 + i] / max(x[3], 1) for x in es])
                 print(f"  per tile: {what:30s} {per / 1e3:6.3f} us")
         elif k == 10:

@@ -271,11 +271,13 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
   wg_commit();
 }
 
-/* A probe build (kind 11) sums compute thread 0's time over its tiles in pt[1..6]: 1 the
- * wait for the PV before (and, on the other's tiles, the wait on pready: since session 14, so
- * that 2 is the gathers' share alone), 2 the wait on full (own tiles), 3 S issued
- * and waited for, 4 the logits, row max and exponentials, 5 P and m stored and published,
- * 6 l and O rescaled and the PV issued (own and the other's tiles). */
+/* A probe build (kind 12 since session 23; kind 11 before) sums compute thread 0's time over
+ * its tiles in pt[1..6]: 1 (own tiles) the wait for the other warpgroup's cross PV before
+ * this tile's S (its stage and the tensor cores' turn), 2 the wait on full (own tiles: the
+ * gathers' share), 3 S issued and waited for, 4 the logits, row max, exponentials and P and
+ * m published, 5 (the other's tiles) the wait for this warpgroup's own PV before and on
+ * pready (the relay), 6 l and O rescaled and the PV issued (own and the other's tiles).
+ * Kind 11 had the own PV wait and pready in 1 with the cross PV wait, and the publish in 5. */
 #if SMLA_PROBE
 #define W11_PHASE(k_)                                                                      \
   do {                                                                                     \
@@ -425,10 +427,9 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
     float *xmj = (float *)(smem + L.xm) + st * 128u; /* [m, top][64] after tile j */
     w11_release_prev(j, gj, empty_b, O, pa);
-    W11_PHASE(1);
     if (!own) { /* CROSS(j) */
       mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
-      W11_PHASE(1);
+      W11_PHASE(5);
       fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
       w11_cross_scale(xmj, r0, O, m_run, l_run, m_top);
       w11_pv_ss(O, pblk, kvb, wg);
@@ -436,6 +437,7 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
       return;
     }
     /* OWN(j) */
+    W11_PHASE(1);
     mbar_wait(full_b + 8u * st, par); /* tile j (and Q) */
     W11_PHASE(2);
     fence_proxy_async();
@@ -451,9 +453,8 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     float alpha[2], lsum[2];
     bool moved;
     w11_own_softmax(a, s, um, m_run, m_top, pa, alpha, lsum, moved);
-    W11_PHASE(4);
     w11_own_publish(pa, r0, tig, smem + (pblk - sbase), xmj, pready_b + 8u * st, m_run, m_top);
-    W11_PHASE(5);
+    W11_PHASE(4);
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
     if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
@@ -830,7 +831,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   }
   } /* staged epilogue */
   PROBE_STAMP(7);
-  PROBE_PUT(11, ntiles);
+  PROBE_PUT(12, ntiles);
   } /* units */
   } /* compute warps */
 #undef W_SYNC
