@@ -156,17 +156,18 @@ typedef struct smla_cuda_fwd_args {
   float *part_max;             /* [splits][T][N] */
   /* cluster_merge = C >= 2: the splits merge inside the kernel, no combine kernel. Blocks
    * are numbered (t, group, split), split fastest, and launched as clusters of C
-   * consecutive splits. sm90 64-head kernel: C == num_splits (2..8), part_out the exchange.
-   * Generic kernel (sm_90 code only: smla_cuda_fwd_caps) and the sm90 small-head kernel
-   * (whose plans give it R = 1): R = num_splits / C clusters a (t, group); the blocks of a
-   * cluster merge through distributed shared memory (fwd_dsmem_merge), block k owning
+   * consecutive splits. sm90 kernels: C == num_splits (2..8); the 64-head kernel exchanges
+   * through part_out, the small-head one as the generic kernel's R = 1 below.
+   * Generic kernel (sm_90 code only: smla_cuda_fwd_caps): R = num_splits / C clusters a
+   * (t, group); the blocks of a cluster merge through distributed shared memory
+   * (fwd_dsmem_merge, which the small-head kernel calls too), block k owning
    * float4 columns [128 k / C, 128 (k + 1) / C); with R > 1, block k of each cluster
    * writes its merged slice (unnormalized, relative to the cluster's max) to part_out row
    * (r * T + t) * N + h and the cluster's max and sum to part_max / part_lse at ((k * R +
    * r) * T + t) * N + h, then counts itself on merge_counters; the block that counts last
    * merges the R slices into the final row and sets its counter back to 0. */
   int cluster_merge;
-  int *merge_counters;         /* R > 1 clusters a row: [T][groups][8], zero between launches */
+  int *merge_counters;         /* generic, R > 1: [T][groups][8], zero between launches */
   int pdl;                     /* launched as a programmatic dependent of the stream's
                                   previous kernel (waits for it before its first global
                                   access; generic: needs sm_90 code, smla_cuda_fwd_caps;

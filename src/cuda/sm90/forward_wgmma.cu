@@ -865,9 +865,9 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #define SMLA_FWD90_SMALL 2
 #endif
 /* SMLA_FWD90S_MERGE: 1 lets the plan merge the small-head kernel's splits inside the kernel
- * (R clusters of C over distributed shared memory, fwd_dsmem_merge, as the generic kernel
- * does; docs/design/decode-one-launch.md, session 23); 0 (the default until measured):
- * the combine kernel only. */
+ * (one cluster a row, over distributed shared memory: fwd_dsmem_merge, the generic kernel's
+ * merge; docs/design/decode-one-launch.md, session 23); 0 (the default until the cost
+ * model is fitted with it): the combine kernel only. */
 #ifndef SMLA_FWD90S_MERGE
 #define SMLA_FWD90S_MERGE 0
 #endif
@@ -1078,55 +1078,38 @@ __global__ void __launch_bounds__(256, 1)
     for (int n = 0; n < NB; n++)
 #pragma unroll
       for (int c = 0; c < 2; c++) {
-        const int h = 8 * n + 2 * tig + c;
+        const int h = 8 * n + 2 * tig + c, head = h0 + h;
+        const bool writer = wq == 0 && g == 0;
         lh[n][c] = red[4 * HG + h] + red[5 * HG + h] + red[6 * HG + h] + red[7 * HG + h];
+        f[n][c] = 1.0f;
+        if (a.cluster_merge) {
+          /* The row's splits merge in the kernel (fwd_dsmem_merge): O staged unnormalized,
+           * each head's max and sum over the first 2 HG floats of red (the maxima, last
+           * read in the last tile; the sums read here are past them). */
+          if (writer) red[h] = m_run[n][c], red[HG + h] = lh[n][c];
+          continue;
+        }
+        f[n][c] = 0.0f;
+        if (head >= a.num_heads) {
+          if (writer) dst_s[h] = NULL;
+          continue;
+        }
+        const fwd_row_out r =
+            fwd_row_epilogue(a, t, split, head, lh[n][c], m_run[n][c], m_top[n][c], writer);
+        if (writer) dst_s[h] = r.out ? (void *)r.out : (void *)r.part;
+        f[n][c] = r.f;
+      }
+#pragma unroll
+    for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+      for (int i = 0; i < HG / 2; i++) {
+        const int n = i >> 2, e = i & 3, h = 8 * n + 2 * tig + (e & 1);
+        ost[h * W_OST_STRIDE + 64 * mt + r0 + 8 * (e >> 1)] = O[mt][i] * f[n][e & 1];
       }
     if (a.cluster_merge) {
-      /* The row's splits merge in the kernel (fwd_dsmem_merge): O unnormalized over the
-       * stages, each head's max and sum over the first 2 HG floats of red (the maxima, last
-       * read in the last tile; the sums read here are past them). */
-      if (wq == 0 && g == 0)
-#pragma unroll
-        for (int n = 0; n < NB; n++)
-#pragma unroll
-          for (int c = 0; c < 2; c++) {
-            const int h = 8 * n + 2 * tig + c;
-            red[h] = m_run[n][c];
-            red[HG + h] = lh[n][c];
-          }
-#pragma unroll
-      for (int mt = 0; mt < 8; mt++)
-#pragma unroll
-        for (int i = 0; i < HG / 2; i++) {
-          const int h = 8 * (i >> 2) + 2 * tig + (i & 1);
-          ost[h * W_OST_STRIDE + 64 * mt + r0 + 8 * ((i & 3) >> 1)] = O[mt][i];
-        }
       fwd_dsmem_merge<HG, 128, W_OST_STRIDE, 1>(a, kv_s, sbase + L.red, sbase + L.red + 4u * HG,
                                                 (int *)(smem + L.mask), tid, t, grp, split, h0);
     } else {
-#pragma unroll
-      for (int n = 0; n < NB; n++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-          const int h = 8 * n + 2 * tig + c, head = h0 + h;
-          const bool writer = wq == 0 && g == 0;
-          f[n][c] = 0.0f;
-          if (head >= a.num_heads) {
-            if (writer) dst_s[h] = NULL;
-            continue;
-          }
-          const fwd_row_out r =
-              fwd_row_epilogue(a, t, split, head, lh[n][c], m_run[n][c], m_top[n][c], writer);
-          if (writer) dst_s[h] = r.out ? (void *)r.out : (void *)r.part;
-          f[n][c] = r.f;
-        }
-#pragma unroll
-      for (int mt = 0; mt < 8; mt++)
-#pragma unroll
-        for (int i = 0; i < HG / 2; i++) {
-          const int n = i >> 2, e = i & 3, h = 8 * n + 2 * tig + (e & 1);
-          ost[h * W_OST_STRIDE + 64 * mt + r0 + 8 * (e >> 1)] = O[mt][i] * f[n][e & 1];
-        }
       WS_SYNC();
       w_store_rows(a, ost, dst_s, wq, HG, 4);
     }
@@ -1206,9 +1189,9 @@ static cudaLaunchConfig_t w_config(unsigned blocks, unsigned threads, uint32_t s
   return c;
 }
 
-/* Resident clusters of `splits` blocks (0: none): the 64-head kernel's cluster merge (one
- * cluster a row and head group), the small-head kernel's over distributed shared memory
- * (clusters of `splits`, R of them a row). */
+/* Resident clusters of `splits` blocks (0: none): one cluster a row and head group, the
+ * 64-head kernel's merged through L2, the small-head kernel's (SMLA_FWD90S_MERGE builds)
+ * over distributed shared memory. */
 extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int hb, int splits,
                                                         int *clusters) {
   *clusters = 0;
@@ -1225,12 +1208,8 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fw
   if (blocks <= 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   const int C = a->cluster_merge;
-  if (C && hb == 64 && (a->num_splits < 2 || a->num_splits > 8 || C != a->num_splits))
+  if (C && (a->num_splits < 2 || a->num_splits > 8 || C != a->num_splits))
     return cudaErrorInvalidValue; /* one cluster a row */
-  if (C && hb < 64 && (C < 2 || C > 8 || a->num_splits % C != 0 ||
-                       a->num_splits / C > SMLA_CUDA_FWD_MERGE_MAX_R ||
-                       (a->num_splits > C && !a->merge_counters)))
-    return cudaErrorInvalidValue; /* R clusters of C a row */
   if (hb < 64 && smla_cuda_fwd90_small_heads(hb) != hb) return cudaErrorInvalidValue;
   int64_t grid = blocks; /* the persistent grid: at most one block a resident slot */
   if (SMLA_FWD90_PERSIST == 1 && hb == 64 && a->num_splits == 1 && !a->cluster_merge &&
