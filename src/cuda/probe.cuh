@@ -12,6 +12,12 @@
 #ifndef SMLA_PROBE
 #define SMLA_PROBE 0
 #endif
+/* SMLA_PROBE_NO_GATHER=1 (a diagnosis build, never a result): the sm90 64-head kernel's
+ * gather warps skip their row copies (the stages keep whatever they held), so a run times
+ * the tile chain with rows that are always there. */
+#ifndef SMLA_PROBE_NO_GATHER
+#define SMLA_PROBE_NO_GATHER 0
+#endif
 
 #if SMLA_PROBE
 #include <stdint.h>

@@ -518,9 +518,13 @@ __device__ __forceinline__ void w_gather_rows(const smla_cuda_fwd_args &a, uint3
     const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
     const int u = __shfl_sync(0xffffffffu, u_mine, rr);
     const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
+#if !SMLA_PROBE_NO_GATHER
 #pragma unroll
     for (int cb = 0; cb < KB; cb++)
       cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
+#else
+    (void)base, (void)row, (void)src;
+#endif
   }
 }
 
