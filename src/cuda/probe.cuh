@@ -18,6 +18,20 @@
 #ifndef SMLA_PROBE_NO_GATHER
 #define SMLA_PROBE_NO_GATHER 0
 #endif
+/* Ablations of the 64-head kernel's tile step (diagnosis builds; wrong results): each takes
+ * one piece off the relay chain, so that the time it saves is that piece's share.
+ * SMLA_PROBE_NO_FENCE: no proxy fence after the waits on full and pready (the publisher's
+ * stays); SMLA_PROBE_NO_EXP: the logits go to P without scaling or exponentials (the row
+ * maxima stay); SMLA_PROBE_S_HALF: S over the first half of the column blocks only. */
+#ifndef SMLA_PROBE_NO_FENCE
+#define SMLA_PROBE_NO_FENCE 0
+#endif
+#ifndef SMLA_PROBE_NO_EXP
+#define SMLA_PROBE_NO_EXP 0
+#endif
+#ifndef SMLA_PROBE_S_HALF
+#define SMLA_PROBE_S_HALF 0
+#endif
 
 #if SMLA_PROBE
 #include <stdint.h>

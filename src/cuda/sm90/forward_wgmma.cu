@@ -350,7 +350,7 @@ __device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, flo
                                                 float lsum[2], bool &moved) {
   const float NEG_INF = -INFINITY;
   float tmax[2] = {NEG_INF, NEG_INF};
-  fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
+  if (!SMLA_PROBE_NO_EXP) fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
 #pragma unroll
   for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -381,8 +381,9 @@ __device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, flo
   for (int n = 0; n < 8; n++)
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
-      const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
-      const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
+      float p0 = fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]);
+      float p1 = fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]);
+      if (!SMLA_PROBE_NO_EXP) p0 = ex2_approx(p0), p1 = ex2_approx(p1);
       lsum[hh] += p0 + p1;
       pa[2 * n + hh] = pack_bf16x2(p0, p1);
     }
@@ -441,7 +442,8 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     if (!own) { /* CROSS(j) */
       mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
       W11_PHASE(5);
-      fence_proxy_async(); /* the stage and the P block, seen here, visible to wgmma */
+      /* the stage and the P block, seen here, visible to wgmma */
+      if (!SMLA_PROBE_NO_FENCE) fence_proxy_async();
       w11_cross_scale(xmj, r0, O, m_run, l_run, m_top);
       w11_pv_ss(O, pblk, kvb, wg);
       W11_PHASE(6);
@@ -451,10 +453,10 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     W11_PHASE(1);
     mbar_wait(full_b + 8u * st, par); /* tile j (and Q) */
     W11_PHASE(2);
-    fence_proxy_async();
+    if (!SMLA_PROBE_NO_FENCE) fence_proxy_async();
     const uint64_t um = umask[st] >> (2 * tig); /* bit 8 n + e: column 8 n + 2 tig + e used */
     asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
-    wg_s_issue<64, KB>(s, q_s, W_KB_BYTES, kvb, W_KB_BYTES);
+    wg_s_issue<64, SMLA_PROBE_S_HALF ? KB / 2 : KB>(s, q_s, W_KB_BYTES, kvb, W_KB_BYTES);
     wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; i++) wg_pin(s[i]);
