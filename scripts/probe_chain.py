@@ -13,6 +13,10 @@ a8812ff, kept here for older logs). Stamps (ns, %globaltimer):
   BF16 only, else 0), t3 tile 0 landed, t4 tile loop done, t5 row sums exchanged, t6
   epilogue's stores issued;
 - combine: t0 entry, t1 after the dependency wait, t6 done;
+- sm90 forward, kind 13 (session 24, SMLA_PROBE_G=1): t0 entry, t7 end; over compute thread
+  0's own tiles, t1 the sum of (full wait done - the gather warp's refill start), t2 of (wait
+  start - refill start, where >= 0), t3 the count, t4 the full waits, t5 of (refill start -
+  wait start, where > 0).
 - sm90 forward, kind 12 (session 23 on): t0 entry, t1..t6 compute thread 0's phases summed
   over its tiles (own tiles: the wait for the other warpgroup's cross PV before S; the full
   wait; S; the logits, max, exponentials and P published; the other's tiles: the wait for
@@ -60,9 +64,9 @@ def main():
             launches.append({"kind": e[0], "ev": [e]})
     for L in launches:
         L["start"] = min(x[4][0] for x in L["ev"])
-        L["end"] = max(x[4][7 if L["kind"] in (10, 11, 12) else 6] for x in L["ev"])
+        L["end"] = max(x[4][7 if L["kind"] in (10, 11, 12, 13) else 6] for x in L["ev"])
     names = {0: "forward", 1: "forward+merge", 2: "merge4", 3: "merge3", 10: "sm90 forward",
-             11: "sm90 v11 forward", 12: "sm90 v11 forward"}
+             11: "sm90 v11 forward", 12: "sm90 v11 forward", 13: "sm90 v11 forward, gathers"}
     print(f"{len(ev)} events, {len(launches)} launches")
     for k in sorted({L["kind"] for L in launches}):
         ls = [L for L in launches if L["kind"] == k]
@@ -83,6 +87,12 @@ def main():
             for i, what in enumerate(whats):
                 per = med([x[4][1 + i] / max(x[3], 1) for x in es])
                 print(f"  per tile: {what:30s} {per / 1e3:6.3f} us")
+        elif k == 13:  # t1..t5: sums over the own tiles of the gather-stamp differences
+            for i, what in ((1, "refill start -> rows ready (G)"),
+                            (2, "refill start -> S wants them"), (4, "full wait"),
+                            (5, "S wanted them before refill")):
+                per = med([x[4][i] / max(x[4][3], 1) for x in es])
+                print(f"  per own tile: {what:32s} {per / 1e3:6.3f} us")
         elif k == 10:
             tiles = med([x[3] for x in es])
             print(f"  tiles a block (median) {tiles}")

@@ -23,6 +23,14 @@
  * SMLA_PROBE_NO_FENCE: no proxy fence after the waits on full and pready (the publisher's
  * stays); SMLA_PROBE_NO_EXP: the logits go to P without scaling or exponentials (the row
  * maxima stay); SMLA_PROBE_S_HALF: S over the first half of the column blocks only. */
+/* SMLA_PROBE_G=1 (with SMLA_PROBE=1; kind 13 in place of 12): the 64-head kernel's gather
+ * warp 0 stamps the time it may refill a stage (its empty wait done), and compute thread 0
+ * sums over its own tiles: t1 wait done - that stamp (the rows' request to their use),
+ * t2 wait start - stamp (where >= 0), t3 the count, t4 the full wait itself, t5 stamp -
+ * wait start (where > 0: the refill began after the wait did). */
+#ifndef SMLA_PROBE_G
+#define SMLA_PROBE_G 0
+#endif
 #ifndef SMLA_PROBE_NO_FENCE
 #define SMLA_PROBE_NO_FENCE 0
 #endif

@@ -289,7 +289,12 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
  * m published, 5 (the other's tiles) the wait for this warpgroup's own PV before and on
  * pready (the relay), 6 l and O rescaled and the PV issued (own and the other's tiles).
  * Kind 11 had the own PV wait and pready in 1 with the cross PV wait, and the publish in 5. */
-#if SMLA_PROBE
+#if SMLA_PROBE && SMLA_PROBE_G
+#define W11_PHASE(k_) (void)plast /* kind 13: pt holds the gather stamps' sums */
+#define W11_PROBE_ARGS , unsigned long long *pt
+#define W11_STEP_PROBE_ARGS , unsigned long long *pt, unsigned long long &plast
+#define W11_STEP_PROBE , pt, plast
+#elif SMLA_PROBE
 #define W11_PHASE(k_)                                                                      \
   do {                                                                                     \
     if (threadIdx.x == 0) {                                                                \
@@ -451,7 +456,22 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     }
     /* OWN(j) */
     W11_PHASE(1);
+#if SMLA_PROBE && SMLA_PROBE_G
+    const unsigned long long g_s = probe_now();
+#endif
     mbar_wait(full_b + 8u * st, par); /* tile j (and Q) */
+#if SMLA_PROBE && SMLA_PROBE_G
+    if (threadIdx.x == 0) {
+      const unsigned long long g_r = probe_now();
+      const unsigned long long g_q =
+          *(const volatile unsigned long long *)(smem + L.mask + 128u + 8u * st);
+      pt[1] += g_r - g_q;
+      pt[2] += g_s >= g_q ? g_s - g_q : 0ull;
+      pt[3] += 1ull;
+      pt[4] += g_r - g_s;
+      pt[5] += g_q > g_s ? g_q - g_s : 0ull;
+    }
+#endif
     W11_PHASE(2);
     if (!SMLA_PROBE_NO_FENCE) fence_proxy_async();
     const uint64_t um = umask[st] >> (2 * tig); /* bit 8 n + e: column 8 n + 2 tig + e used */
@@ -588,6 +608,10 @@ __device__ __forceinline__ void w_gather_tiles(const smla_cuda_fwd_args &a, uint
   for (int j = 0; j < ntiles; j++) {
     const uint32_t gj = g0 + (uint32_t)j, st = gj & 1u;
     if (gj >= 2) mbar_wait(empty_b + 8u * st, ((gj >> 1) - 1u) & 1u);
+#if SMLA_PROBE && SMLA_PROBE_G
+    if (blockDim.x == W_BLOCK && pw == 0 && lane == 0) /* the 64-head kernel: kind 13 */
+      *(volatile unsigned long long *)(mask_p + 64u + 8u * st) = probe_now();
+#endif
     const int32_t sc = slot_pipe_next(spipe, a, req, slot_row, ks, kend, j, my_row);
     unsigned nb = 0;
     const int u_mine = entry_used(a, sc, ks + j * FWD_BN + my_row, kend, 0, &nb);
@@ -863,7 +887,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   }
   } /* staged epilogue */
   PROBE_STAMP(7);
-  PROBE_PUT(12, ntiles);
+  PROBE_PUT(SMLA_PROBE_G ? 13 : 12, ntiles);
   } /* units */
   } /* compute warps */
 #undef W_SYNC
