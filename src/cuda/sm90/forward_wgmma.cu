@@ -92,6 +92,12 @@
 #ifndef SMLA_FWD90_GATHER_WGS
 #define SMLA_FWD90_GATHER_WGS 1
 #endif
+/* SMLA_FWD90_GATHER_ARRIVE (session 24, measuring): 0 each gather thread's arrival on full is
+ * cp.async.mbarrier.arrive.noinc (made when its copies land); 1 it waits for its copies
+ * (cp.async.wait_all) and arrives plainly. */
+#ifndef SMLA_FWD90_GATHER_ARRIVE
+#define SMLA_FWD90_GATHER_ARRIVE 0
+#endif
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128 * SMLA_FWD90_GATHER_WGS) /* and the gather warpgroups */
 #define W_RPW (16 / SMLA_FWD90_GATHER_WGS) /* rows of a tile a gather warp copies */
@@ -631,7 +637,12 @@ __device__ __forceinline__ void w_gather_tiles(const smla_cuda_fwd_args &a, uint
     }
     w_gather_rows<KB, RPW>(a, kv_s + st * (uint32_t)(KB * W_KB_BYTES), pw, rl, cl, sc, u_mine);
     /* This thread's arrival, once its copies have landed. */
+#if SMLA_FWD90_GATHER_ARRIVE == 1
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    mbar_arrive(full_b + 8u * st);
+#else
     mbar_arrive_cp_async_noinc(full_b + 8u * st);
+#endif
   }
 }
 
