@@ -82,25 +82,8 @@
 #define SMLA_FWD90_PERSIST 1
 #endif
 
-/* SMLA_FWD90_GATHER_WGS (v18, session 24; docs/design/cuda-sm90-forward.md): the 64-head
- * kernel's gather warpgroups. A warp's cp.async gathers reach ~10 GB/s however many tiles
- * are in flight (bench/gather.cu: one 128-thread block an SM caps at 35-41 GB/s an SM,
- * from L2 or DRAM alike; two blocks double it), and one gather warpgroup then brings a
- * 72 KB tile in ~2 us: N = 128 (and N = 64 on rows in L2) run at that rate. 2: two gather
- * warpgroups of 8 rows a warp (setmaxnreg 32 for them; the compute warpgroups keep 224);
- * 1: one, 16 rows a warp (setmaxnreg 56). */
-#ifndef SMLA_FWD90_GATHER_WGS
-#define SMLA_FWD90_GATHER_WGS 1
-#endif
-/* SMLA_FWD90_GATHER_ARRIVE (session 24, measuring): 0 each gather thread's arrival on full is
- * cp.async.mbarrier.arrive.noinc (made when its copies land); 1 it waits for its copies
- * (cp.async.wait_all) and arrives plainly. */
-#ifndef SMLA_FWD90_GATHER_ARRIVE
-#define SMLA_FWD90_GATHER_ARRIVE 0
-#endif
 #define W_THREADS 256 /* the two compute warpgroups */
-#define W_BLOCK (W_THREADS + 128 * SMLA_FWD90_GATHER_WGS) /* and the gather warpgroups */
-#define W_RPW (16 / SMLA_FWD90_GATHER_WGS) /* rows of a tile a gather warp copies */
+#define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
 #define W_HEADS 64
 #define W_KB_BYTES 8192 /* one [64 rows][128 B] block of 64 bf16 columns */
 
@@ -392,9 +375,13 @@ __device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, flo
   for (int n = 0; n < 8; n++)
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
-      float p0 = fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]);
-      float p1 = fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]);
-      if (!SMLA_PROBE_NO_EXP) p0 = ex2_approx(p0), p1 = ex2_approx(p1);
+#if SMLA_PROBE_NO_EXP
+      const float p0 = fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]);
+      const float p1 = fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]);
+#else
+      const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
+      const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
+#endif
       lsum[hh] += p0 + p1;
       pa[2 * n + hh] = pack_bf16x2(p0, p1);
     }
@@ -534,15 +521,15 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
 }
 
 
-/* A gather warp's copies of its RPW (16 or 8) rows of a tile (KB column blocks) into the
- * stage at base: 4 rows an instruction, lane (rl, cl) chunk cl of row 4 rg + rl; the slot
- * sc and used bit u_mine of row RPW pw + r sit in lane r (and r + RPW, ..). */
-template <int KB, int RPW>
+/* A gather warp's copies of its 16 rows of a tile (KB column blocks) into the stage at
+ * base: 4 rows an instruction, lane (rl, cl) chunk cl of row 4 rg + rl; the slot sc and
+ * used bit u_mine of row 16 pw + r sit in lane r (and r + 16). */
+template <int KB>
 __device__ __forceinline__ void w_gather_rows(const smla_cuda_fwd_args &a, uint32_t base,
                                               int pw, int rl, int cl, int32_t sc, int u_mine) {
 #pragma unroll 1
-  for (int rg = 0; rg < RPW / 4; rg++) {
-    const int rr = 4 * rg + rl, row = RPW * pw + rr;
+  for (int rg = 0; rg < 4; rg++) {
+    const int rr = 4 * rg + rl, row = 16 * pw + rr;
     const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
     const int u = __shfl_sync(0xffffffffu, u_mine, rr);
     const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
@@ -591,25 +578,22 @@ __device__ __forceinline__ void w_store_rows(const smla_cuda_fwd_args &a, const 
   }
 }
 
-/* The gather warpgroups' tile loop (both sm90 kernels): warp pw copies rows RPW pw.. (RPW
- * 16 or 8) of tile j (the block's tile g0 + j: g0 tiles of earlier units came before it)
- * into stage (g0 + j) % 2 (kv_s + stage * KB * 8 KB) once that stage's readers have
- * released it (empty, 16 bytes after full), after publishing its RPW used-entry bits of the
- * tile in the stage's word at mask_p (one arrival a warp on full), then arrives on full once
- * its own copies have landed. Where count_bad, the tile's bad slots (lanes < RPW: each
- * row once) go to a.bad_inputs as they are found: no count lives across the loop (the
- * two-warpgroup form has 40 registers a gather thread). */
-template <int KB, int RPW>
-__device__ __forceinline__ void w_gather_tiles(const smla_cuda_fwd_args &a, uint8_t *mask_p,
+/* The gather warpgroup's tile loop (both sm90 kernels): warp pw copies rows 16 pw.. of tile j
+ * (the block's tile g0 + j: g0 tiles of earlier units came before it) into stage (g0 + j) % 2
+ * (kv_s + stage * KB * 8 KB) once that stage's readers have released it (empty, 16 bytes
+ * after full), after publishing its 16 used-entry bits of the tile in the
+ * stage's word at mask_p (one arrival a warp on full), then arrives on full once its own
+ * copies have landed. Returns this thread's bad-slot count (lanes < 16: each row once). */
+template <int KB>
+__device__ __forceinline__ unsigned w_gather_tiles(const smla_cuda_fwd_args &a, uint8_t *mask_p,
                                                    uint32_t kv_s, uint32_t full_b,
                                                    slot_pipe &spipe, int32_t req,
                                                    const int32_t *slot_row, int ks, int kend,
                                                    int ntiles, uint32_t g0, int pw, int rl,
-                                                   int cl, int my_row, bool count_bad) {
-  static_assert(RPW == 16 || RPW == 8, "a gather warp copies 16 or 8 rows of a tile");
+                                                   int cl, int my_row) {
   const uint32_t empty_b = full_b + 16u;
   const int lane = threadIdx.x & 31;
-  count_bad = count_bad && a.bad_inputs;
+  unsigned bad = 0;
 #pragma unroll 1
   for (int j = 0; j < ntiles; j++) {
     const uint32_t gj = g0 + (uint32_t)j, st = gj & 1u;
@@ -621,29 +605,19 @@ __device__ __forceinline__ void w_gather_tiles(const smla_cuda_fwd_args &a, uint
     const int32_t sc = slot_pipe_next(spipe, a, req, slot_row, ks, kend, j, my_row);
     unsigned nb = 0;
     const int u_mine = entry_used(a, sc, ks + j * FWD_BN + my_row, kend, 0, &nb);
-    if (count_bad) { /* the other lanes hold the same rows again */
-      const unsigned n = __reduce_add_sync(0xffffffffu, lane < RPW ? nb : 0u);
-      if (lane == 0 && n) atomicAdd(a.bad_inputs, (unsigned long long)n);
-    }
-    { /* bits RPW pw..RPW pw + RPW - 1 of the stage's used-entry word */
-      const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & ((1u << RPW) - 1u);
+    bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
+    { /* bits 16 pw..16 pw + 15 of the stage's used-entry word */
+      const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & 0xffffu;
       if (lane == 0) {
-        if (RPW == 16)
-          *(volatile uint16_t *)(mask_p + 8u * st + 2u * (uint32_t)pw) = (uint16_t)bits;
-        else
-          *(volatile uint8_t *)(mask_p + 8u * st + (uint32_t)pw) = (uint8_t)bits;
+        *(volatile uint16_t *)(mask_p + 8u * st + 2u * (uint32_t)pw) = (uint16_t)bits;
         mbar_arrive(full_b + 8u * st);
       }
     }
-    w_gather_rows<KB, RPW>(a, kv_s + st * (uint32_t)(KB * W_KB_BYTES), pw, rl, cl, sc, u_mine);
+    w_gather_rows<KB>(a, kv_s + st * (uint32_t)(KB * W_KB_BYTES), pw, rl, cl, sc, u_mine);
     /* This thread's arrival, once its copies have landed. */
-#if SMLA_FWD90_GATHER_ARRIVE == 1
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    mbar_arrive(full_b + 8u * st);
-#else
     mbar_arrive_cp_async_noinc(full_b + 8u * st);
-#endif
   }
+  return bad;
 }
 
 template <int DR>
@@ -675,34 +649,30 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
    * and Q of the next unit fill while this one's last tiles and epilogue run. */
   const uint32_t units = (uint32_t)(a.num_tokens * a.groups * a.num_splits);
 
+  unsigned bad = 0; /* entries >= S or < -1 this thread counted, in units of group 0 */
   const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv;
   /* Everything of the compute warps (O included) lives inside their branch: code after
    * the join runs at the gather warpgroup's register count. */
   const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, qfree_b = full_b + 48u;
   if (tid == 0) {
-    /* full: the gather threads' copies and one arrival a gather warp (its mask bits);
+    /* full: the 128 gather threads' copies and one arrival a gather warp (its mask bits);
      * empty: the 8 compute warps; pready: the 128 threads of the tile's warpgroup; qfree:
      * the 8 compute warps, once a unit, when their last S of it is done. */
-    constexpr uint32_t NFULL = (W_BLOCK - W_THREADS) + (W_BLOCK - W_THREADS) / 32;
-    mbar_init(full_b, NFULL), mbar_init(full_b + 8u, NFULL);
+    mbar_init(full_b, 132), mbar_init(full_b + 8u, 132);
     mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);
     mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128);
     mbar_init(qfree_b, 8);
   }
   __syncthreads();
   if (tid >= W_THREADS) {
-    /* The gather warpgroups. Warp pw gathers rows W_RPW pw.. W_RPW pw + W_RPW - 1 of each
-     * tile (and of Q), per instruction 4 rows x 8 chunks (128 contiguous bytes of each row,
-     * one swizzled 128-byte line of shared memory); lane l < W_RPW owns the slot of row
-     * W_RPW pw + l (its used bit, its bad count) and hands it out by shuffle. Units with no
+    /* The gather warpgroup. Warp pw gathers rows 16 pw..16 pw + 15 of each tile (and
+     * of Q), per instruction 4 rows x 8 chunks (128 contiguous bytes of each row, one
+     * swizzled 128-byte line of shared memory); lane l < 16 owns the slot of row
+     * 16 pw + l (its used bit, its bad count) and hands it out by shuffle. Units with no
      * tile (lengths) take no part in the qfree handshake on either side. */
-#if SMLA_FWD90_GATHER_WGS == 2
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-#else
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
-#endif
     const int pw = (tid - W_THREADS) >> 5, cl = lane & 7, rl = lane >> 3;
-    const int my_row = W_RPW * pw + (lane & (W_RPW - 1));
+    const int my_row = 16 * pw + (lane & 15);
     uint32_t g0 = 0, nq = 0; /* tiles and Q loads of this block's earlier units */
 #pragma unroll 1
     for (uint32_t bid = blockIdx.x; bid < units; bid += gridDim.x) {
@@ -714,25 +684,22 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       if (nq > 0) mbar_wait(qfree_b, (nq - 1u) & 1u);
       const int h0 = blk.grp * W_HEADS;
 #pragma unroll 1
-      for (int rg = 0; rg < W_RPW / 4; rg++) {
-        const int row = W_RPW * pw + 4 * rg + rl, head = h0 + row;
+      for (int rg = 0; rg < 4; rg++) {
+        const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
 #pragma unroll 1
         for (int cb = 0; cb < KB; cb++)
           cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, blk.t, head, 8 * cb + cl),
                       head < a.num_heads ? 16 : 0);
       }
-      w_gather_tiles<KB, W_RPW>(a, smem + L.mask + 64u, kv_s, full_b, spipe, blk.req,
-                                blk.slot_row, blk.ks, blk.kend, blk.ntiles, g0, pw, rl, cl,
-                                my_row, blk.grp == 0);
+      const unsigned nb = w_gather_tiles<KB>(a, smem + L.mask + 64u, kv_s, full_b, spipe,
+                                             blk.req, blk.slot_row, blk.ks, blk.kend,
+                                             blk.ntiles, g0, pw, rl, cl, my_row);
+      if (blk.grp == 0) bad += nb;
       g0 += (uint32_t)blk.ntiles;
       nq++;
     }
   } else {
-#if SMLA_FWD90_GATHER_WGS == 2
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-#else
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
-#endif
 #define W_SYNC() named_bar_sync(1, W_THREADS)
   uint32_t g0 = 0; /* tiles of this block's earlier units */
 #pragma unroll 1
@@ -902,6 +869,8 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   } /* units */
   } /* compute warps */
 #undef W_SYNC
+
+  fwd_count_bad(a, 0, bad);
 }
 
 /* ---- small heads: swap-AB tiles, N <= 32 (SMLA_FWD90_SMALL) -----------------------------
@@ -989,6 +958,7 @@ __global__ void __launch_bounds__(256, 1)
   const int64_t t = blk.t;
   const int grp = blk.grp, split = blk.split, ks = blk.ks, kend = blk.kend;
   const int ntiles = blk.ntiles, h0 = grp * HG;
+  unsigned bad = 0;
   const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
   const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u;
   if (tid == 0) {
@@ -1019,8 +989,8 @@ __global__ void __launch_bounds__(256, 1)
                       q_chunk_src(a, t, head, c), head < a.num_heads ? 16 : 0);
         }
       }
-      w_gather_tiles<KB, 16>(a, smem + L.mask + 64u, kv_s, full_b, spipe, blk.req,
-                             blk.slot_row, ks, kend, ntiles, 0u, pw, rl, cl, my_row, grp == 0);
+      bad = w_gather_tiles<KB>(a, smem + L.mask + 64u, kv_s, full_b, spipe, blk.req,
+                               blk.slot_row, ks, kend, ntiles, 0u, pw, rl, cl, my_row);
     }
   } else {
 #define WS_SYNC() named_bar_sync(1, 128)
@@ -1179,6 +1149,7 @@ __global__ void __launch_bounds__(256, 1)
     }
 #undef WS_SYNC
   }
+  fwd_count_bad(a, grp, bad);
 }
 #endif /* SMLA_FWD90_SMALL */
 
