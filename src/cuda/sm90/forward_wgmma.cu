@@ -3,9 +3,10 @@
  * per block (SPEC §3), tensor cores through wgmma with both operands in shared memory (and
  * P from registers); and, at the end, the small-head kernel (N <= 32 by default: heads on
  * the wgmma N axis; the plan gives the generic kernel the fewest rows, where it is faster).
- * Design, napkin math and every measured version (v1-v16; v2-v8's code is in the git
+ * Design, napkin math and every measured version (v1-v19; v2-v8's code is in the git
  * history, v3 / v7 last at d2d16d7, v12 at 8663169, v13 at f3d4a0c, v15 (tile pairs) at
- * dea8388, v16 (S before the cross PV) at 6c73d08): docs/design/cuda-sm90-forward.md.
+ * dea8388, v16 (S before the cross PV) at 6c73d08, v18 (two gather warpgroups) at dcf51d5;
+ * v19 behind SMLA_FWD90_EITHER): docs/design/cuda-sm90-forward.md.
  *
  * Work: units (row t, group of 64 heads, KV split), the same grid, split policy,
  * partial-state format and combine as the generic kernel (forward_impl.cuh), so the plan
