@@ -3,8 +3,8 @@
 #   AB_FLAGS="-DSMLA_FWD90_SMALL=2" [AB2_FLAGS="-DSMLA_FWD90_SMALL=2 -DSMLA_PROBE=1"] \
 #     bash scripts/device_ab.sh
 # Builds the default tree (build/) and each experiment (build-ab/, build-ab2/) side by
-# side, runs the whole test driver on each experiment (and on the default when
-# AB_TEST_BASE=1), times the shapes of AB_BENCH (default: N = 64, 128 at T = 16, 64, 1024,
+# side, runs the whole test driver on each experiment (only those of AB_TEST_BUILDS where it
+# is set: a diagnosis build's results are wrong; and on the default when AB_TEST_BASE=1), times the shapes of AB_BENCH (default: N = 64, 128 at T = 16, 64, 1024,
 # 4096; both timings) with the builds interleaved twice (the spread between a build's two
 # runs is the noise a difference is held against), then runs compute-sanitizer
 # (AB_SAN_TOOLS, default racecheck synccheck memcheck) over each experiment's (or
@@ -38,6 +38,7 @@ stamp "builds ok ($builds)"
 fail=0
 for b in $builds; do
   [ $b = build ] && [ "${AB_TEST_BASE:-0}" != 1 ] && continue
+  case " ${AB_TEST_BUILDS:-$builds} " in *" $b "*) ;; *) continue;; esac
   timeout ${AB_TEST_TIMEOUT:-200} $b/test_smla >"$L/test_$b.log" 2>&1 || fail=1
   stamp "test ($b): $(tail -1 "$L/test_$b.log")"
   grep -E "^FAIL" "$L/test_$b.log" | head -20
