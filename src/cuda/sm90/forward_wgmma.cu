@@ -494,7 +494,8 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
 #endif
     W11_PHASE(2);
     if (!SMLA_PROBE_NO_FENCE) fence_proxy_async();
-    const uint64_t um = c.umask[st] >> (2 * c.tig); /* bit 8 n + e: column 8 n + 2 c.tig + e used */
+    /* bit 8 n + e: column 8 n + 2 tig + e used */
+    const uint64_t um = c.umask[st] >> (2 * c.tig);
     asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
     wg_s_issue<64, SMLA_PROBE_S_HALF ? KB / 2 : KB>(s, q_s, W_KB_BYTES, kvb, W_KB_BYTES);
     wg_wait<0>();
