@@ -4,8 +4,9 @@
 #     bash scripts/device_ab.sh
 # Builds the default tree (build/) and each experiment (build-ab/, build-ab2/) side by
 # side, runs the whole test driver on each experiment (only those of AB_TEST_BUILDS where it
-# is set: a diagnosis build's results are wrong; and on the default when AB_TEST_BASE=1), times the shapes of AB_BENCH (default: N = 64, 128 at T = 16, 64, 1024,
-# 4096; both timings) with the builds interleaved twice (the spread between a build's two
+# is set: a diagnosis build's results are wrong; and on the default when AB_TEST_BASE=1),
+# times the shapes of AB_BENCH (default: N = 64, 128 at T = 16, 64, 1024, 4096; both
+# timings) with the builds interleaved twice (the spread between a build's two
 # runs is the noise a difference is held against), then runs compute-sanitizer
 # (AB_SAN_TOOLS, default racecheck synccheck memcheck) over each experiment's (or
 # AB_SAN_BUILDS's) cases of AB_SAN_FILTER (empty: no sanitizer). Logs: $OUT/ab.tgz.

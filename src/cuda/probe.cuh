@@ -18,11 +18,6 @@
 #ifndef SMLA_PROBE_NO_GATHER
 #define SMLA_PROBE_NO_GATHER 0
 #endif
-/* Ablations of the 64-head kernel's tile step (diagnosis builds; wrong results): each takes
- * one piece off the relay chain, so that the time it saves is that piece's share.
- * SMLA_PROBE_NO_FENCE: no proxy fence after the waits on full and pready (the publisher's
- * stays); SMLA_PROBE_NO_EXP: the logits go to P without scaling or exponentials (the row
- * maxima stay); SMLA_PROBE_S_HALF: S over the first half of the column blocks only. */
 /* SMLA_PROBE_G=1 (with SMLA_PROBE=1; kind 13 in place of 12): the 64-head kernel's gather
  * warp 0 stamps the time it may refill a stage (its empty wait done), and compute thread 0
  * sums over its own tiles: t1 wait done - that stamp (the rows' request to their use),
@@ -31,6 +26,11 @@
 #ifndef SMLA_PROBE_G
 #define SMLA_PROBE_G 0
 #endif
+/* Ablations of the 64-head kernel's tile step (diagnosis builds; wrong results): each takes
+ * one piece off the relay chain, so that the time it saves is that piece's share.
+ * SMLA_PROBE_NO_FENCE: no proxy fence after the waits on full and pready (the publisher's
+ * stays); SMLA_PROBE_NO_EXP: the logits go to P without scaling or exponentials (the row
+ * maxima stay); SMLA_PROBE_S_HALF: S over the first half of the column blocks only. */
 #ifndef SMLA_PROBE_NO_FENCE
 #define SMLA_PROBE_NO_FENCE 0
 #endif
@@ -39,6 +39,10 @@
 #endif
 #ifndef SMLA_PROBE_S_HALF
 #define SMLA_PROBE_S_HALF 0
+#endif
+#if SMLA_PROBE_NO_GATHER || SMLA_PROBE_NO_FENCE || SMLA_PROBE_NO_EXP || SMLA_PROBE_S_HALF
+#pragma message("smla: a diagnosis build (SMLA_PROBE_NO_GATHER / _NO_FENCE / _NO_EXP / " \
+                "_S_HALF): the sm90 forward's results are wrong; time it, never use it")
 #endif
 
 #if SMLA_PROBE
