@@ -88,7 +88,7 @@ def main():
                 per = med([x[4][1 + i] / max(x[3], 1) for x in es])
                 print(f"  per tile: {what:30s} {per / 1e3:6.3f} us")
         elif k == 13:  # t1..t5: sums over the own tiles of the gather-stamp differences
-            for i, what in ((1, "refill start -> rows ready (G)"),
+            for i, what in ((1, "refill start -> full wait done"),
                             (2, "refill start -> S wants them"), (4, "full wait"),
                             (5, "S wanted them before refill")):
                 per = med([x[4][i] / max(x[4][3], 1) for x in es])

@@ -20,7 +20,8 @@
 #endif
 /* SMLA_PROBE_G=1 (with SMLA_PROBE=1; kind 13 in place of 12): the 64-head kernel's gather
  * warp 0 stamps the time it may refill a stage (its empty wait done), and compute thread 0
- * sums over its own tiles: t1 wait done - that stamp (the rows' request to their use),
+ * sums over its own tiles: t1 wait done - that stamp (the refill's start to the rows'
+ * use: an upper bound of the rows' latency, the full wait included),
  * t2 wait start - stamp (where >= 0), t3 the count, t4 the full wait itself, t5 stamp -
  * wait start (where > 0: the refill began after the wait did). */
 #ifndef SMLA_PROBE_G

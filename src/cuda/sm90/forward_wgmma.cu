@@ -288,12 +288,13 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
  * m published, 5 (the other's tiles) the wait for this warpgroup's own PV before and on
  * pready (the relay), 6 l and O rescaled and the PV issued (own and the other's tiles).
  * Kind 11 had the own PV wait and pready in 1 with the cross PV wait, and the publish in 5. */
-#if SMLA_PROBE && SMLA_PROBE_G
-#define W11_PHASE(k_) (void)plast /* kind 13: pt holds the gather stamps' sums */
+#if SMLA_PROBE
 #define W11_PROBE_ARGS , unsigned long long *pt
 #define W11_STEP_PROBE_ARGS , unsigned long long *pt, unsigned long long &plast
 #define W11_STEP_PROBE , pt, plast
-#elif SMLA_PROBE
+#if SMLA_PROBE_G
+#define W11_PHASE(k_) (void)plast /* kind 13: pt holds the gather stamps' sums */
+#else
 #define W11_PHASE(k_)                                                                      \
   do {                                                                                     \
     if (threadIdx.x == 0) {                                                                \
@@ -302,9 +303,7 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
       plast = n_;                                                                          \
     }                                                                                      \
   } while (0)
-#define W11_PROBE_ARGS , unsigned long long *pt
-#define W11_STEP_PROBE_ARGS , unsigned long long *pt, unsigned long long &plast
-#define W11_STEP_PROBE , pt, plast
+#endif
 #else
 #define W11_PHASE(k_)
 #define W11_PROBE_ARGS
