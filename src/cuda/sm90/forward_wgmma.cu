@@ -180,11 +180,15 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
   const int u0 = 64 * me / S, u1 = 64 * (me + 1) / S;
   const int c0 = 8 * u0, nch = 2 * (u1 - u0), items = 64 * nch;
   float4 v[IPT][S];
+  /* split k's partial row of (t, h0): prow + k * kstride floats */
+  const float *prow = a.part_out + (t * a.num_heads + h0) * 512;
+  const int64_t kstride = (int64_t)a.num_tokens * a.num_heads * 512;
 #pragma unroll
   for (int u = 0; u < IPT; u++) {
     const int i = tid + W_THREADS * u;
-    const int row = i / nch, col = c0 + 4 * (i - row * nch), head = h0 + row;
-    const bool ok = i < items && head < a.num_heads;
+    const int row = i / nch, col = c0 + 4 * (i - row * nch);
+    const bool ok = i < items && h0 + row < a.num_heads;
+    const float *pu = prow + (row * 512 + col);
 #pragma unroll
     for (int k = 0; k < S; k++) {
       if (!ok)
@@ -192,9 +196,7 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
       else if (k == me)
         v[u][k] = *(const float4 *)(ost + row * W_OST_STRIDE + col);
       else
-        v[u][k] = __ldcg((const float4 *)(a.part_out +
-                                          (((int64_t)k * a.num_tokens + t) * a.num_heads +
-                                           head) * 512 + col));
+        v[u][k] = __ldcg((const float4 *)(pu + k * kstride));
     }
   }
 #pragma unroll
