@@ -215,6 +215,54 @@ __device__ __forceinline__ void named_bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
+/* ---- across the two blocks of a cluster (v20, the column pair) ------------------------ */
+
+/* Shared-memory matrix descriptor, 64-byte swizzle (layout type 2): a K-major stack of rows
+ * of 64 bytes (32 bf16), 16-byte chunk c of row r stored at chunk c ^ ((r / 2) % 4), 8-row
+ * groups 512 bytes apart (sbo); the stack must be 512-aligned. */
+__device__ __forceinline__ uint64_t wg_desc_sw64(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3ffffu) >> 4) | (1ull << 16) | ((uint64_t)(512u >> 4) << 32) |
+         (2ull << 62);
+}
+
+/* %cluster_ctarank: this block's rank in its cluster. */
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+/* fence.mbarrier_init.release.cluster: this thread's mbarrier.init visible to the cluster
+ * (before the cluster barrier that lets the other block arrive on them). */
+__device__ __forceinline__ void fence_mbar_init_cluster() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+/* st.shared::cluster.v4.f32: 16 bytes to shared address raddr of the cluster window
+ * (cluster_map of the other block's address). */
+__device__ __forceinline__ void st_cluster_f32x4(uint32_t raddr, float4 v) {
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"r"(raddr), "f"(v.x),
+               "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+}
+
+/* mbarrier.arrive.release.cluster.shared::cluster.b64: one arrival on the mbarrier at raddr
+ * (a cluster-window address, perhaps another block's); this thread's earlier writes
+ * (its remote stores included) are visible to whoever observes the phase at cluster scope. */
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t raddr) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(raddr)
+               : "memory");
+}
+
+/* mbar_wait with acquire at cluster scope: the other block's writes released by its
+ * arrivals on this (own) barrier are visible after it returns. */
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAITC_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAITC_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+
 /* The cluster barrier and distributed shared-memory loads: ptx.cuh. */
 
 #endif /* SMLA_CUDA_SM90_WGMMA_CUH */
