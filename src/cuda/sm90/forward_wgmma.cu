@@ -1110,10 +1110,13 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 
   if (tid == 0) {
     /* full: 128 copy arrivals and one a gather warp (its mask bits); empty: the 4 warps of
-     * the stage's warpgroup; xfull, xfree: the other block's 128 threads of that
-     * warpgroup, remotely. */
+     * the stage's warpgroup; xfull: this warpgroup's one arrival with the 16 KB it expects
+     * (the other block's st.async count them); xfree: the other block's 4 warps of that
+     * warpgroup, remotely. (One remote arrival a thread on each, v20 as first built: the
+     * 256 arrivals a tile on two addresses of one block took its tile to ~4.3 us, bench/
+     * RESULTS.md session 25 call 2.) */
     for (int i = 0; i < C_STAGES; i++) mbar_init(full_b + 8u * i, 132), mbar_init(empty_b + 8u * i, 4);
-    for (int i = 0; i < 2; i++) mbar_init(xfull_b + 8u * i, 128), mbar_init(xfree_b + 8u * i, 128);
+    for (int i = 0; i < 2; i++) mbar_init(xfull_b + 8u * i, 1), mbar_init(xfree_b + 8u * i, 4);
     fence_mbar_init_cluster();
   }
   /* The other block's barriers exist before anyone arrives on them. */
@@ -1197,24 +1200,30 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #pragma unroll
         for (int k = 0; k < 16; k++) asm volatile("" ::"r"(pa[k]) : "memory");
         w11_pin_o(O);
+        __syncwarp(); /* the warp's reads of the stage's used-entry word before the release */
         if (lane == 0) mbar_arrive(empty_b + 8u * ((uint32_t)(j - 2) % C_STAGES));
       }
       wg_wait<0>();
 #pragma unroll
       for (int k = 0; k < 32; k++) wg_pin(s[k]);
-      /* S_c(j) to the other block, once it has read S_c(j - 2) from the same buffer. */
-      if (i > 0) mbar_wait_cluster(xfree_l, (i - 1u) & 1u);
+      if (!SMLA_PROBE_NO_XCHG) {
+        /* S_c(j) to the other block, once it has read S_c(j - 2) from the same buffer; the
+         * other's S_c'(j) here: 16 KB announced on this block's xfull. */
+        if (tw == 0) mbar_arrive_expect_tx(xfull_l, C_XBYTES);
+        if (i > 0) mbar_wait_cluster(xfree_l, (i - 1u) & 1u);
 #pragma unroll
-      for (int q = 0; q < 8; q++)
-        st_cluster_f32x4(xr + 2048u * q, make_float4(s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]));
-      mbar_arrive_cluster(xfull_r);
-      mbar_wait_cluster(xfull_l, i & 1u);
+        for (int q = 0; q < 8; q++)
+          st_async_f32x4(xr + 2048u * q,
+                         make_float4(s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]), xfull_r);
+        mbar_wait_cluster(xfull_l, i & 1u);
 #pragma unroll
-      for (int q = 0; q < 8; q++) {
-        const float4 v = *(const float4 *)(smem + (xl - sbase) + 2048u * q);
-        s[4 * q] += v.x, s[4 * q + 1] += v.y, s[4 * q + 2] += v.z, s[4 * q + 3] += v.w;
+        for (int q = 0; q < 8; q++) {
+          const float4 v = *(const float4 *)(smem + (xl - sbase) + 2048u * q);
+          s[4 * q] += v.x, s[4 * q + 1] += v.y, s[4 * q + 2] += v.z, s[4 * q + 3] += v.w;
+        }
+        __syncwarp(); /* the warp's reads before its lane 0 frees the buffer */
+        if (lane == 0) mbar_arrive_cluster(xfree_r);
       }
-      mbar_arrive_cluster(xfree_r);
       float alpha[2], lsum[2];
       bool moved;
       w11_own_softmax(a, s, um, m_run, m_top, pa, alpha, lsum, moved);

@@ -254,6 +254,24 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t raddr) {
                : "memory");
 }
 
+/* st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32: 16 bytes to raddr (the
+ * other block's shared memory, a cluster-window address), counted on the mbarrier at rbar
+ * (the other block's, a cluster-window address) when they have landed: its phase waits for
+ * the bytes its arrive.expect_tx announced. No arrival a thread. */
+__device__ __forceinline__ void st_async_f32x4(uint32_t raddr, float4 v, uint32_t rbar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1,%2,%3,%4}, [%5];\n"
+      ::"r"(raddr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rbar)
+      : "memory");
+}
+
+/* mbarrier.arrive.expect_tx.shared::cta.b64: one arrival that also announces tx bytes the
+ * phase waits for (complete_tx of st.async or bulk copies; they may land before it). */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t tx) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(tx)
+               : "memory");
+}
+
 /* mbar_wait with acquire at cluster scope: the other block's writes released by its
  * arrivals on this (own) barrier are visible after it returns. */
 __device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
