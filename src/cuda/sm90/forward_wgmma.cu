@@ -3,10 +3,11 @@
  * per block (SPEC §3), tensor cores through wgmma with both operands in shared memory (and
  * P from registers); and, at the end, the small-head kernel (N <= 32 by default: heads on
  * the wgmma N axis; the plan gives the generic kernel the fewest rows, where it is faster).
- * Design, napkin math and every measured version (v1-v19; v2-v8's code is in the git
+ * Design, napkin math and every measured version (v1-v20; v2-v8's code is in the git
  * history, v3 / v7 last at d2d16d7, v12 at 8663169, v13 at f3d4a0c, v15 (tile pairs) at
- * dea8388, v16 (S before the cross PV) at 6c73d08, v18 (two gather warpgroups) at dcf51d5;
- * v19 behind SMLA_FWD90_EITHER): docs/design/cuda-sm90-forward.md.
+ * dea8388, v16 (S before the cross PV) at 6c73d08, v18 (two gather warpgroups) at dcf51d5,
+ * v19 (either event first) at b193fe8; v20, the column pair, behind SMLA_FWD90_COLS):
+ * docs/design/cuda-sm90-forward.md.
  *
  * Work: units (row t, group of 64 heads, KV split), the same grid, split policy,
  * partial-state format and combine as the generic kernel (forward_impl.cuh), so the plan
@@ -83,15 +84,6 @@
 #define SMLA_FWD90_PERSIST 1
 #endif
 
-/* SMLA_FWD90_EITHER (v19, session 24; docs/design/cuda-sm90-forward.md; 0, the default,
- * until it is measured): a warpgroup takes the other's tile j and its own tile j + 1 as one
- * step and, once its PV of tile j - 1 is done, waits for whichever comes first: tile j + 1's
- * rows (then S(j + 1) before the cross PV of tile j: S off the relay chain) or the other's
- * P(j) (then v11's order). v16 (6c73d08) tested once for the rows and nearly never found
- * them (bench/RESULTS.md session 24 call 3). */
-#ifndef SMLA_FWD90_EITHER
-#define SMLA_FWD90_EITHER 0
-#endif
 /* SMLA_FWD90_COLS (v20, session 25; docs/design/cuda-sm90-forward.md; 0, the default, until
  * it is measured): a 64-head unit with one split and no cluster merge runs as a cluster of
  * two blocks, each with half of every row's columns (fwd90c_kernel). */
@@ -428,7 +420,7 @@ __device__ __forceinline__ void w11_own_publish(const uint32_t pa[16], int r0, i
   mbar_arrive(pready_st);
 }
 
-/* What a compute thread's tile step (w11_step, w19_cross_own) derives from its index and the
+/* What a compute thread's tile step (w11_step) derives from its index and the
  * layout: its lane, quad index and first row, and the addresses of the stages, the
  * barriers and the used-entry words. */
 struct w_step_ctx {
@@ -525,78 +517,6 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
   }
 }
 
-#if SMLA_FWD90_EITHER
-/* v19 (SMLA_FWD90_EITHER; v16's step, session 22, with its one test made a wait for either
- * event): the other's tile j and this warpgroup's tile j + 1 as one step. Once its PV of tile
- * j - 1 is done, the warpgroup waits for whichever comes first, tile j + 1's rows (full) or
- * the other's P(j) (pready), one answer for its 128 threads. Rows first: S(j + 1) is issued
- * before the cross PV of tile j, so it runs while the other warpgroup's softmax(j) leaves the
- * tensor cores idle, and the stage of tile j is released once that PV is done. P first:
- * v11's CROSS(j) then OWN(j + 1), so a stage's release never waits for a gather. */
-template <int DR>
-__device__ __forceinline__ void w19_cross_own(const smla_cuda_fwd_args &a, uint8_t *smem,
-                                              uint32_t sbase, const w_layout &L, int wg, int j,
-                                              uint32_t gj, int ntiles, float O[2][64],
-                                              float m_run[2], float l_run[2], float m_top[2],
-                                              float s[32], uint32_t pa[16],
-                                              uint32_t &q_s W11_STEP_PROBE_ARGS) {
-  constexpr int KB = (512 + DR) / 64;
-  constexpr uint32_t TILE = KB * W_KB_BYTES;
-  const w_step_ctx c = w_step_ctx_of(smem, sbase, L);
-  const uint32_t st = gj & 1u, par = (gj >> 1) & 1u;                 /* tile j, the other's */
-  const uint32_t gn = gj + 1u, stn = gn & 1u, parn = (gn >> 1) & 1u; /* tile j + 1, own */
-  const uint32_t kvb = c.kv_s + st * TILE, kvn = c.kv_s + stn * TILE;
-  const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
-  const uint32_t pbn = DR ? kvn + 8u * W_KB_BYTES : sbase + L.p + stn * W_KB_BYTES;
-  const float *xmj = (const float *)(smem + L.xm) + st * 128u;
-  float *xmn = (float *)(smem + L.xm) + stn * 128u;
-  w11_release_prev(j, gj, c.empty_b, O, pa);
-  const bool early = mbar_first_uniform(c.full_b + 8u * stn, parn, c.pready_b + 8u * st, par,
-                                        2 + wg, 128);
-  if (!early) { /* v11's CROSS(j): tile j's stage released before the wait for j + 1 */
-    mbar_wait(c.pready_b + 8u * st, par);
-    W11_PHASE(5);
-    fence_proxy_async();
-    w11_cross_scale(xmj, c.r0, O, m_run, l_run, m_top);
-    w11_pv_ss(O, pblk, kvb, wg);
-    wg_wait<0>();
-    w11_pin_o(O);
-    if (c.lane == 0) mbar_arrive(c.empty_b + 8u * st);
-    W11_PHASE(6);
-  }
-  mbar_wait(c.full_b + 8u * stn, parn); /* tile j + 1 */
-  W11_PHASE(2);
-  fence_proxy_async();
-  const uint64_t um = c.umask[stn] >> (2 * c.tig);
-  asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
-  wg_s_issue<64, KB>(s, q_s, W_KB_BYTES, kvn, W_KB_BYTES);
-  mbar_wait(c.pready_b + 8u * st, par); /* P(j), m(j) (waited already where not early) */
-  W11_PHASE(5);
-  wg_wait<0>(); /* S(j + 1): where early, done by now if it ran under the other's softmax */
-#pragma unroll
-  for (int i = 0; i < 32; i++) wg_pin(s[i]);
-  if (j + 3 >= ntiles && c.lane == 0) mbar_arrive(c.qfree_b);
-  W11_PHASE(3);
-  if (early) { /* tile j's cross PV under this softmax */
-    fence_proxy_async();
-    w11_cross_scale(xmj, c.r0, O, m_run, l_run, m_top);
-    w11_pv_ss(O, pblk, kvb, wg);
-  }
-  float alpha[2], lsum[2];
-  bool moved;
-  w11_own_softmax(a, s, um, m_run, m_top, pa, alpha, lsum, moved);
-  w11_own_publish(pa, c.r0, c.tig, smem + (pbn - sbase), xmn, c.pready_b + 8u * stn, m_run, m_top);
-  W11_PHASE(4);
-  wg_wait<0>(); /* where early, the cross PV of tile j: its stage is free of this warp */
-  w11_pin_o(O);
-  if (early && c.lane == 0) mbar_arrive(c.empty_b + 8u * st);
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
-  if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
-  w11_pv_rs(O, pa, kvn, wg);
-  W11_PHASE(6);
-}
-#endif
 
 /* One compute warpgroup's tiles: O (its 256 columns), m_run, l_run (its own tiles' share of
  * the row sums) and m_top as the epilogue expects them; both warpgroups end at the same
@@ -617,28 +537,10 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
   const int lane = threadIdx.x & 31;
   const uint32_t empty_b = sbase + L.bar + 16u, qfree_b = sbase + L.bar + 48u;
   if (ntiles <= wg && lane == 0) mbar_arrive(qfree_b); /* no tile of its own: no S */
-#if SMLA_FWD90_EITHER
-  /* v19: warpgroup 0's tile 0, then (the other's, its own) in one step, then the last tile
-   * where it is the other's. */
-  int j = 0;
-  if (wg == 0) {
-    w11_step<DR>(a, smem, sbase, L, wg, 0, g0, ntiles, true, O, m_run, l_run, m_top, s, pa,
-                 q_s W11_STEP_PROBE);
-    j = 1;
-  }
-#pragma unroll 1
-  for (; j + 1 < ntiles; j += 2)
-    w19_cross_own<DR>(a, smem, sbase, L, wg, j, g0 + (uint32_t)j, ntiles, O, m_run, l_run,
-                      m_top, s, pa, q_s W11_STEP_PROBE);
-  if (j < ntiles)
-    w11_step<DR>(a, smem, sbase, L, wg, j, g0 + (uint32_t)j, ntiles, false, O, m_run, l_run,
-                 m_top, s, pa, q_s W11_STEP_PROBE);
-#else
 #pragma unroll 1
   for (int j = 0; j < ntiles; j++)
     w11_step<DR>(a, smem, sbase, L, wg, j, g0 + (uint32_t)j, ntiles, (j & 1) == wg, O, m_run,
                  l_run, m_top, s, pa, q_s W11_STEP_PROBE);
-#endif
   wg_wait<0>();
 #pragma unroll
   for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");

@@ -184,32 +184,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "@!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
 
-/* Waits for whichever of two mbarrier phases completes first (a: bar_a's phase of parity
- * par_a; b: bar_b's), one answer for all n threads of the named barrier id: true where a
- * had completed when the warpgroup agreed (b too, perhaps), false where b alone had. Each
- * round suspends on a for up to ~0.1 us (try_wait's time hint), then tests b without
- * blocking, then reduces both answers over the n threads (bar.red.or). A thread that acts on
- * either answer still waits on that barrier (mbar_wait, at once) for its own acquire. */
-__device__ __forceinline__ bool mbar_first_uniform(uint32_t bar_a, uint32_t par_a,
-                                                   uint32_t bar_b, uint32_t par_b, int id,
-                                                   int n) {
-  uint32_t r;
-  asm volatile(
-      "{\n.reg .pred pa, pb, qa, qb, q;\n"
-      "FIRST_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 pa, [%1], %2, 100;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 pb, [%3], %4;\n"
-      "bar.red.or.pred qa, %5, %6, pa;\n"
-      "bar.red.or.pred qb, %5, %6, pb;\n"
-      "or.pred q, qa, qb;\n"
-      "@!q bra FIRST_%=;\n"
-      "selp.u32 %0, 1, 0, qa;\n}\n"
-      : "=r"(r)
-      : "r"(bar_a), "r"(par_a), "r"(bar_b), "r"(par_b), "r"(id), "r"(n)
-      : "memory");
-  return r != 0;
-}
-
 /* bar.sync id, n: a named barrier of n threads (a multiple of 32). */
 __device__ __forceinline__ void named_bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
