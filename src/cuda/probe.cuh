@@ -41,16 +41,9 @@
 #ifndef SMLA_PROBE_S_HALF
 #define SMLA_PROBE_S_HALF 0
 #endif
-/* SMLA_PROBE_NO_XCHG (v20, the column pair): the two blocks of a pair do not exchange their
- * halves of S (each runs its softmax on its own half), so a run times v20's tile without the
- * exchange. */
-#ifndef SMLA_PROBE_NO_XCHG
-#define SMLA_PROBE_NO_XCHG 0
-#endif
-#if SMLA_PROBE_NO_GATHER || SMLA_PROBE_NO_FENCE || SMLA_PROBE_NO_EXP || SMLA_PROBE_S_HALF || \
-    SMLA_PROBE_NO_XCHG
+#if SMLA_PROBE_NO_GATHER || SMLA_PROBE_NO_FENCE || SMLA_PROBE_NO_EXP || SMLA_PROBE_S_HALF
 #pragma message("smla: a diagnosis build (SMLA_PROBE_NO_GATHER / _NO_FENCE / _NO_EXP / " \
-                "_S_HALF / _NO_XCHG): the sm90 forward's results are wrong; time it, never use it")
+                "_S_HALF): the sm90 forward's results are wrong; time it, never use it")
 #endif
 
 #if SMLA_PROBE

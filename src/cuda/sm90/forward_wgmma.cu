@@ -6,7 +6,7 @@
  * Design, napkin math and every measured version (v1-v20; v2-v8's code is in the git
  * history, v3 / v7 last at d2d16d7, v12 at 8663169, v13 at f3d4a0c, v15 (tile pairs) at
  * dea8388, v16 (S before the cross PV) at 6c73d08, v18 (two gather warpgroups) at dcf51d5,
- * v19 (either event first) at b193fe8; v20, the column pair, behind SMLA_FWD90_COLS):
+ * v19 (either event first) at b193fe8, v20 (the column pair, 2-block clusters) at d70d269):
  * docs/design/cuda-sm90-forward.md.
  *
  * Work: units (row t, group of 64 heads, KV split), the same grid, split policy,
@@ -84,12 +84,6 @@
 #define SMLA_FWD90_PERSIST 1
 #endif
 
-/* SMLA_FWD90_COLS (v20, session 25; docs/design/cuda-sm90-forward.md; 0, the default, until
- * it is measured): a 64-head unit with one split and no cluster merge runs as a cluster of
- * two blocks, each with half of every row's columns (fwd90c_kernel). */
-#ifndef SMLA_FWD90_COLS
-#define SMLA_FWD90_COLS 0
-#endif
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
 #define W_HEADS 64
@@ -902,301 +896,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   fwd_count_bad(a, 0, bad);
 }
 
-#if SMLA_FWD90_COLS
-/* ---- v20: the column pair (SMLA_FWD90_COLS; docs/design/cuda-sm90-forward.md "v20") -------
- * A unit (t, group of 64 heads; one split) is a cluster of two blocks. Block c of the pair
- * holds columns [256 c, 256 c + 256) of every row (of Q and of each gathered KV row) and,
- * with Dr = 64, rope columns [512 + 32 c, 512 + 32 c + 32): 288 of the 576, 36 KB a tile
- * instead of 72. It computes its half of S, S_c = Q_c K_c^T, sends it to the other block
- * (distributed shared memory) and adds the other's half: S = S_0 + S_1 in both blocks, the
- * same value bit for bit (a float sum of two terms does not depend on their order). Both
- * blocks then run the same softmax and each adds P V_c to its own 256 output columns, which
- * one warpgroup holds in registers (128 floats a thread). So the two compute warpgroups of
- * a block need not share P: warpgroup w takes tiles w, w + 2, .. with a softmax state of its
- * own (no relay between them, no cross PV), and the epilogue merges the two states as the
- * split merge does. Four stages of 36 KB (v11: two of 72): a tile a warpgroup in flight and
- * one more each landing. A tile of a warpgroup:
- *   wait full(j) | S_c(j) issued (queued behind this warpgroup's PV(j - 2)) | PV(j - 2)
- *   done: its stage released | S_c(j) done | the other block has read S_c(j - 2) (xfree)
- *   | S_c(j) to the other block's buffer, arrive on its xfull | wait xfull: S_c'(j) here |
- *   S = S_c + S_c', arrive on the other's xfree | softmax, P to registers | O += P V_c (RS)
- * Shared memory (1024-aligned base; a stage or Q: 4 blocks of 64 columns in the 128-byte
- * swizzle, then with Dr = 64 one [64 rows][64 B] block of the 32 rope columns in the
- * 64-byte swizzle): Q, 4 stages, the two warpgroups' exchange buffers ([8][128] float4
- * each: thread i's S values 4 q .. 4 q + 3 at q * 128 + i), the epilogue's (m, l, top) of
- * each warpgroup, the used-entry words, mbarriers. */
-#define C_STAGES 4
-#define C_XBYTES 16384u /* one warpgroup's S half: 128 threads x 32 floats */
-#define C_OST 264       /* floats a staged output row (256 + 8: bank spread) */
-
-struct c_layout {
-  uint32_t stage, q, kv, x, red, mask, bar, total;
-};
-
-__host__ __device__ constexpr c_layout c_layout_of(int dr) {
-  c_layout l = {};
-  l.stage = 4u * W_KB_BYTES + (dr ? 4096u : 0u);
-  l.q = 0;
-  l.kv = l.q + l.stage;
-  l.x = l.kv + C_STAGES * l.stage;
-  l.red = l.x + 2u * C_XBYTES;    /* [m, l, top][2 warpgroups][64] float */
-  l.mask = l.red + 3u * 2u * 64u * 4u; /* [C_STAGES] uint64 */
-  l.bar = l.mask + 64u; /* full[4], empty[4], xfull[2], xfree[2] */
-  l.total = l.bar + 12u * 8u;
-  return l;
-}
-static_assert(c_layout_of(64).total + 1024u <= 232448u, "v20 layout, dr = 64");
-static_assert(2u * 64u * C_OST * 4u <= C_STAGES * c_layout_of(0).stage + 2u * C_XBYTES,
-              "v20 staged output: both warpgroups' rows in the stages and exchange buffers");
-
-/* Byte offset of 16-byte chunk c (0..3) of row r in a [64 rows][64 B] block of the 64-byte
- * swizzle (wg_desc_sw64). */
-__device__ __forceinline__ uint32_t c_chunk64(int r, int c) {
-  return (uint32_t)(r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
-}
-
-/* S_c = Q_c K_c^T of the stage at kvb, as one commit group: 16 k-steps over the 4 blocks,
- * then (Dr = 64) 2 over the rope block. The caller waits. */
-template <int DR>
-__device__ __forceinline__ void c_s_issue(float s[32], uint32_t q_s, uint32_t kvb) {
-#pragma unroll
-  for (int i = 0; i < 32; i++) s[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 32; i++) wg_pin(s[i]);
-  wg_fence();
-#pragma unroll
-  for (int kb = 0; kb < 4; kb++)
-#pragma unroll
-    for (int k4 = 0; k4 < 4; k4++)
-      wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
-                         wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
-  if (DR)
-#pragma unroll
-    for (int k2 = 0; k2 < 2; k2++)
-      wgmma_m64n64k16_ss(s, wg_desc_sw64(q_s + 4u * W_KB_BYTES + k2 * 32),
-                         wg_desc_sw64(kvb + 4u * W_KB_BYTES + k2 * 32));
-  wg_commit();
-}
-
-/* A lane's copies of this block's part of one row (of Q or of a tile) into the stack at
- * base: chunk cl of each of its 4 blocks of 8 chunks (16-byte chunk c of the row's first
- * 512 columns at lo + 16 c) and, with Dr = 64, lanes cl < 4 one rope chunk (chunk r of the
- * 64 rope columns at hi + 16 r). Nothing is read where !live (zeros). */
-template <int DR>
-__device__ __forceinline__ void c_copy_row(uint32_t base, int row, int cl, int half, bool live,
-                                           const uint8_t *lo, const uint8_t *hi) {
-  const uint32_t n = live ? 16u : 0u;
-#pragma unroll
-  for (int cb = 0; cb < 4; cb++)
-    cp_async_16(base + w_chunk(row, 8 * cb + cl), lo + 16 * (32 * half + 8 * cb + cl), n);
-  if (DR && cl < 4)
-    cp_async_16(base + 4u * W_KB_BYTES + c_chunk64(row, cl), hi + 16 * (4 * half + cl), n);
-}
-
-template <int DR>
-__global__ void __launch_bounds__(W_BLOCK, 1)
-    fwd90c_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
-  const float NEG_INF = -INFINITY;
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  const uint32_t raw_base = smem_addr(smem_raw);
-  const uint32_t sbase = (raw_base + 1023u) & ~1023u;
-  uint8_t *smem = smem_raw + (sbase - raw_base);
-  const c_layout L = c_layout_of(DR);
-  const int tid = threadIdx.x, lane = tid & 31;
-  const int wg = tid >> 7;
-  const int half = (int)cluster_rank(), peer = half ^ 1;
-  const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv;
-  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 8u * C_STAGES;
-  const uint32_t xfull_b = empty_b + 8u * C_STAGES, xfree_b = xfull_b + 16u;
-  uint8_t *mask_p = smem + L.mask;
-
-  if (tid == 0) {
-    /* full: 128 copy arrivals and one a gather warp (its mask bits); empty: the 4 warps of
-     * the stage's warpgroup; xfull: this warpgroup's one arrival with the 16 KB it expects
-     * (the other block's st.async count them); xfree: the other block's 4 warps of that
-     * warpgroup, remotely. (One remote arrival a thread on each, v20 as first built: the
-     * 256 arrivals a tile on two addresses of one block took its tile to ~4.3 us, bench/
-     * RESULTS.md session 25 call 2.) */
-    for (int i = 0; i < C_STAGES; i++) mbar_init(full_b + 8u * i, 132), mbar_init(empty_b + 8u * i, 4);
-    for (int i = 0; i < 2; i++) mbar_init(xfull_b + 8u * i, 1), mbar_init(xfree_b + 8u * i, 4);
-    fence_mbar_init_cluster();
-  }
-  /* The other block's barriers exist before anyone arrives on them. */
-  cluster_sync_acq_rel();
-  if (a.pdl) griddep_wait();
-  const fwd_block blk = fwd_block_at(a, blockIdx.x >> 1);
-  const int h0 = blk.grp * W_HEADS, ntiles = blk.ntiles;
-  unsigned bad = 0;
-
-  if (tid >= W_THREADS) {
-    /* The gather warpgroup: Q's part, then each tile's part into stage j % 4 once that
-     * stage's warpgroup has released it (tile j - 4), as w_gather_tiles does for v11. */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
-    const int pw = (tid - W_THREADS) >> 5, cl = lane & 7, rl = lane >> 3;
-    const int my_row = 16 * pw + (lane & 15);
-    if (ntiles > 0) {
-      slot_pipe spipe = slot_pipe_start(a, blk.req, blk.slot_row, blk.ks, blk.kend, my_row);
-#pragma unroll 1
-      for (int rg = 0; rg < 4; rg++) {
-        const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
-        const uint8_t *lo = (const uint8_t *)q_chunk_src(a, blk.t, head, 0);
-        const uint8_t *hi = DR ? (const uint8_t *)q_chunk_src(a, blk.t, head, 64) : lo;
-        c_copy_row<DR>(q_s, row, cl, half, head < a.num_heads, lo, hi);
-      }
-#pragma unroll 1
-      for (int j = 0; j < ntiles; j++) {
-        const uint32_t st = (uint32_t)j % C_STAGES;
-        if (j >= C_STAGES) mbar_wait(empty_b + 8u * st, ((uint32_t)(j / C_STAGES) - 1u) & 1u);
-        const int32_t sc = slot_pipe_next(spipe, a, blk.req, blk.slot_row, blk.ks, blk.kend, j, my_row);
-        unsigned nb = 0;
-        const int u_mine = entry_used(a, sc, blk.ks + j * FWD_BN + my_row, blk.kend, 0, &nb);
-        bad += lane < 16 ? nb : 0u;
-        const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & 0xffffu;
-        if (lane == 0) {
-          *(volatile uint16_t *)(mask_p + 8u * st + 2u * (uint32_t)pw) = (uint16_t)bits;
-          mbar_arrive(full_b + 8u * st);
-        }
-        const uint32_t base = kv_s + st * L.stage;
-#pragma unroll 1
-        for (int rg = 0; rg < 4; rg++) {
-          const int rr = 4 * rg + rl, row = 16 * pw + rr;
-          const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
-          const int u = __shfl_sync(0xffffffffu, u_mine, rr);
-          const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
-          c_copy_row<DR>(base, row, cl, half, u != 0, src, src + 16 * 64);
-        }
-        mbar_arrive_cp_async_noinc(full_b + 8u * st);
-      }
-    }
-  } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
-    const int wq = (tid >> 5) & 3, g = lane >> 2, tig = lane & 3, tw = tid & 127;
-    const int r0 = 16 * wq + g;
-    float O[2][64];
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-      for (int i = 0; i < 64; i++) O[h][i] = 0.0f;
-    float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f}, m_top[2] = {NEG_INF, NEG_INF};
-    float s[32];
-    uint32_t pa[16];
-#pragma unroll
-    for (int i = 0; i < 16; i++) pa[i] = 0u;
-    const uint32_t xl = sbase + L.x + (uint32_t)wg * C_XBYTES + 16u * (uint32_t)tw;
-    const uint32_t xr = cluster_map(xl, (uint32_t)peer);
-    const uint32_t xfull_l = xfull_b + 8u * wg, xfree_l = xfree_b + 8u * wg;
-    const uint32_t xfull_r = cluster_map(xfull_l, (uint32_t)peer);
-    const uint32_t xfree_r = cluster_map(xfree_l, (uint32_t)peer);
-    const volatile uint64_t *umask = (const volatile uint64_t *)mask_p;
-    uint32_t i = 0; /* this warpgroup's tiles so far */
-#pragma unroll 1
-    for (int j = wg; j < ntiles; j += 2, i++) {
-      const uint32_t st = (uint32_t)j % C_STAGES, par = ((uint32_t)j / C_STAGES) & 1u;
-      const uint32_t kvb = kv_s + st * L.stage;
-      mbar_wait(full_b + 8u * st, par); /* tile j (and Q) */
-      fence_proxy_async();
-      const uint64_t um = umask[st] >> (2 * tig);
-      c_s_issue<DR>(s, q_s, kvb);
-      if (i > 0) { /* PV(j - 2) done: its stage is free of this warp */
-        wg_wait<1>();
-#pragma unroll
-        for (int k = 0; k < 16; k++) asm volatile("" ::"r"(pa[k]) : "memory");
-        w11_pin_o(O);
-        __syncwarp(); /* the warp's reads of the stage's used-entry word before the release */
-        if (lane == 0) mbar_arrive(empty_b + 8u * ((uint32_t)(j - 2) % C_STAGES));
-      }
-      wg_wait<0>();
-#pragma unroll
-      for (int k = 0; k < 32; k++) wg_pin(s[k]);
-      if (!SMLA_PROBE_NO_XCHG) {
-        /* S_c(j) to the other block, once it has read S_c(j - 2) from the same buffer; the
-         * other's S_c'(j) here: 16 KB announced on this block's xfull. */
-        if (tw == 0) mbar_arrive_expect_tx(xfull_l, C_XBYTES);
-        if (i > 0) mbar_wait_cluster(xfree_l, (i - 1u) & 1u);
-#pragma unroll
-        for (int q = 0; q < 8; q++)
-          st_async_f32x4(xr + 2048u * q,
-                         make_float4(s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]), xfull_r);
-        mbar_wait_cluster(xfull_l, i & 1u);
-#pragma unroll
-        for (int q = 0; q < 8; q++) {
-          const float4 v = *(const float4 *)(smem + (xl - sbase) + 2048u * q);
-          s[4 * q] += v.x, s[4 * q + 1] += v.y, s[4 * q + 2] += v.z, s[4 * q + 3] += v.w;
-        }
-        __syncwarp(); /* the warp's reads before its lane 0 frees the buffer */
-        if (lane == 0) mbar_arrive_cluster(xfree_r);
-      }
-      float alpha[2], lsum[2];
-      bool moved;
-      w11_own_softmax(a, s, um, m_run, m_top, pa, alpha, lsum, moved);
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
-      if (W_TAU == 0.0f || __any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
-      w11_pv_rs(O, pa, kvb, 0);
-    }
-    wg_wait<0>();
-#pragma unroll
-    for (int k = 0; k < 16; k++) asm volatile("" ::"r"(pa[k]) : "memory");
-    w11_pin_o(O);
-
-    /* ---- epilogue: the two warpgroups' (m, l) merged per row, as the split merge does;
-     * each stages its O times its weight (over the stages and the exchange buffers, which
-     * follow them: both warpgroups' tiles and exchanges are done past the barrier), then
-     * both rows summed and stored whole, 256 columns. ---- */
-    float *red = (float *)(smem + L.red); /* [m, l, top][2][64] */
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      float l = l_run[hh];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      l_run[hh] = l;
-      const int row = r0 + 8 * hh;
-      if (tig == 0)
-        red[wg * 64 + row] = m_run[hh], red[128 + wg * 64 + row] = l,
-                       red[256 + wg * 64 + row] = m_top[hh];
-    }
-    named_bar_sync(1, W_THREADS);
-    float *ost = (float *)(smem + L.kv) + wg * 64 * C_OST;
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const int row = r0 + 8 * hh, head = h0 + row;
-      const float m0 = red[row], m1 = red[64 + row], l0 = red[128 + row], l1 = red[192 + row];
-      const float M = fmax_nan(m0, m1);
-      const float Ls = l0 * part_weight(m0, l0, M) + l1 * part_weight(m1, l1, M);
-      float f = 0.0f;
-      if (head < a.num_heads) {
-        const fwd_row_out r =
-            fwd_row_epilogue(a, blk.t, 0, head, Ls, M, fmax_nan(red[256 + row], red[320 + row]),
-                             half == 0 && wg == 0 && tig == 0);
-        f = r.f * part_weight(m_run[hh], l_run[hh], M);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int nb = 0; nb < 16; nb++)
-          *(float2 *)(ost + row * C_OST + 128 * h + 8 * nb + 2 * tig) =
-              make_float2(O[h][4 * nb + 2 * hh] * f, O[h][4 * nb + 2 * hh + 1] * f);
-    }
-    named_bar_sync(1, W_THREADS);
-    const float *o0 = (const float *)(smem + L.kv), *o1 = o0 + 64 * C_OST;
-#pragma unroll 1
-    for (int row = tid >> 5; row < W_HEADS; row += W_THREADS / 32) {
-      const int head = h0 + row;
-      if (head >= a.num_heads) continue;
-      const int col = 8 * lane;
-      const float4 u0 = *(const float4 *)(o0 + row * C_OST + col), u1 = *(const float4 *)(o0 + row * C_OST + col + 4);
-      const float4 v0 = *(const float4 *)(o1 + row * C_OST + col), v1 = *(const float4 *)(o1 + row * C_OST + col + 4);
-      uint16_t *dst = a.out + blk.t * a.out_stride_t + (int64_t)head * a.out_stride_h + 256 * half + col;
-      *(uint4 *)dst = make_uint4(pack_bf16x2(u0.x + v0.x, u0.y + v0.y), pack_bf16x2(u0.z + v0.z, u0.w + v0.w),
-                                 pack_bf16x2(u1.x + v1.x, u1.y + v1.y), pack_bf16x2(u1.z + v1.z, u1.w + v1.w));
-    }
-  }
-  fwd_count_bad(a, half == 0 ? blk.grp : 1, bad); /* both blocks saw the same slots */
-  /* Neither block leaves while the other may still arrive on its barriers. */
-  cluster_sync_acq_rel();
-}
-#endif /* SMLA_FWD90_COLS */
-
 /* ---- small heads: swap-AB tiles, N <= 32 (SMLA_FWD90_SMALL) -----------------------------
  * One block per (row t, split), HG = 8, 16 or 32 heads (the fewest that hold N), no matrix
  * work for heads past HG: the heads sit on the wgmma N axis.
@@ -1492,8 +1191,6 @@ extern "C" int smla_cuda_fwd90_small_heads(int num_heads) {
 /* The tile loop a plan with hb heads a block runs (smla_plan_describe). */
 extern "C" const char *smla_cuda_fwd90_variant(int hb) {
   if (hb < 64) return "swap-AB small-head tiles (heads on the wgmma N axis)";
-  if (SMLA_FWD90_COLS)
-    return "tile loop v20 (column pairs, 2-block clusters) at one split, v11 (relay) with splits";
   return SMLA_FWD90_PERSIST == 1 ? "tile loop v11 (relay), one split as a persistent grid"
                                  : "tile loop v11 (relay)";
 }
@@ -1517,20 +1214,7 @@ static const void *w_kernel(int dr, int hb) {
   return dr == 64 ? (const void *)fwd90_kernel<64> : (const void *)fwd90_kernel<0>;
 }
 
-#if SMLA_FWD90_COLS
-static const void *c_kernel(int dr) {
-  return dr == 64 ? (const void *)fwd90c_kernel<64> : (const void *)fwd90c_kernel<0>;
-}
-#endif
-
 extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int hb, int max_smem) {
-#if SMLA_FWD90_COLS
-  if (hb == 64) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        c_kernel(dr), cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
-    if (e != cudaSuccess) return e;
-  }
-#endif
   return cudaFuncSetAttribute(w_kernel(dr, hb), cudaFuncAttributeMaxDynamicSharedMemorySize,
                               max_smem);
 }
@@ -1584,22 +1268,14 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fw
   if (C && (a->num_splits < 2 || a->num_splits > 8 || C != a->num_splits))
     return cudaErrorInvalidValue; /* one cluster a row */
   if (hb < 64 && smla_cuda_fwd90_small_heads(hb) != hb) return cudaErrorInvalidValue;
-  cudaLaunchAttribute attr[2];
-  void *args[1] = {(void *)a};
-#if SMLA_FWD90_COLS
-  if (hb == 64 && a->num_splits == 1 && !C) { /* v20: a cluster of two blocks a unit */
-    if (2 * blocks > INT_MAX) return cudaErrorInvalidValue;
-    cudaLaunchConfig_t c = w_config((unsigned)(2 * blocks), (unsigned)W_BLOCK,
-                                    c_layout_of(dr).total + 1024u, 2, a->pdl, stream, attr);
-    return cudaLaunchKernelExC(&c, c_kernel(dr), args);
-  }
-#endif
   int64_t grid = blocks; /* the persistent grid: at most one block a resident slot */
   if (SMLA_FWD90_PERSIST == 1 && hb == 64 && a->num_splits == 1 && !a->cluster_merge &&
       a->resident_blocks > 0 && grid > a->resident_blocks)
     grid = a->resident_blocks;
+  cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t c = w_config((unsigned)grid, hb < 64 ? 256u : (unsigned)W_BLOCK,
                                   smla_cuda_fwd90_smem_bytes(dr, hb),
                                   C ? C : 1, a->pdl, stream, attr);
+  void *args[1] = {(void *)a};
   return cudaLaunchKernelExC(&c, w_kernel(dr, hb), args);
 }
