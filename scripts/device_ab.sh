@@ -10,7 +10,9 @@
 # runs is the noise a difference is held against), then runs compute-sanitizer
 # (AB_SAN_TOOLS, default racecheck synccheck memcheck) over each experiment's (or
 # AB_SAN_BUILDS's) cases of AB_SAN_FILTER (empty: no sanitizer). Logs: $OUT/ab.tgz.
-# Prints a summary table last.
+# Prints a summary table last. AB_PREBUILT=1: the builds were made on the calling machine
+# by scripts/carry_builds.sh (same flags) and carried as carry/<build>.tgz; they are
+# unpacked instead of built (a call then spends no device time compiling).
 set -u
 O=${OUT:-.out}
 mkdir -p "$O"
@@ -25,16 +27,22 @@ flags_of() { case $1 in build) echo "";; build-ab) echo "$AB_FLAGS";; build-ab2)
 { nvidia-smi -L; nvcc --version | tail -1; echo "commit ${SMLA_GIT_COMMIT:-unknown}"
   for b in $builds; do echo "$b: $(flags_of $b)"; done; } >"$L/env.txt" 2>&1
 cat "$L/env.txt"
-pids=""
-for b in $builds; do
-  make -j6 all NCCL=0 BUILD=$b NVCC_EXTRA="$(flags_of $b)" >"$L/$b.log" 2>&1 &
-  pids="$pids $!"
-done
-set -- $pids
-for b in $builds; do
-  wait "$1" || { grep -m5 -E " error" "$L/$b.log"; tail -5 "$L/$b.log"; exit 1; }
-  shift
-done
+if [ "${AB_PREBUILT:-0}" = 1 ]; then
+  for b in $builds; do
+    mkdir -p $b && tar xzf carry/$b.tgz -C $b || { echo "no carry/$b.tgz: scripts/carry_builds.sh"; exit 1; }
+  done
+else
+  pids=""
+  for b in $builds; do
+    make -j6 all NCCL=0 BUILD=$b NVCC_EXTRA="$(flags_of $b)" >"$L/$b.log" 2>&1 &
+    pids="$pids $!"
+  done
+  set -- $pids
+  for b in $builds; do
+    wait "$1" || { grep -m5 -E " error" "$L/$b.log"; tail -5 "$L/$b.log"; exit 1; }
+    shift
+  done
+fi
 stamp "builds ok ($builds)"
 fail=0
 for b in $builds; do
