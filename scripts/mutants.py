@@ -204,8 +204,8 @@ MUTANTS = [
       "sm90 v11: the largest logit of the other warpgroup's tiles is not passed on "
       "(max_logit misses half the tiles)", "wide,forward_N_64,forward_N_96"),
     M("gpu_relay_mask_shift", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "const uint64_t um = c.umask[st] >> (2 * c.tig);",
-      "const uint64_t um = c.umask[st] >> c.tig;",
+      "const uint64_t um = umask[st] >> (2 * tig);",
+      "const uint64_t um = umask[st] >> tig;",
       "sm90 v11: each thread reads the used-entry bits of the wrong columns",
       "forward,wide"),
     # the small-head sm90 kernel (N <= 32, and the fewest rows of N > 32 in groups of 16; swap-AB)

@@ -414,28 +414,6 @@ __device__ __forceinline__ void w11_own_publish(const uint32_t pa[16], int r0, i
   mbar_arrive(pready_st);
 }
 
-/* What a compute thread's tile step (w11_step) derives from its index and the
- * layout: its lane, quad index and first row, and the addresses of the stages, the
- * barriers and the used-entry words. */
-struct w_step_ctx {
-  int lane, tig, r0;
-  uint32_t kv_s, full_b, empty_b, pready_b, qfree_b;
-  const volatile uint64_t *umask;
-};
-
-__device__ __forceinline__ w_step_ctx w_step_ctx_of(uint8_t *smem, uint32_t sbase,
-                                                    const w_layout &L) {
-  w_step_ctx c;
-  c.lane = threadIdx.x & 31;
-  c.tig = c.lane & 3;
-  c.r0 = 16 * ((threadIdx.x >> 5) & 3) + (c.lane >> 2);
-  c.kv_s = sbase + L.kv;
-  c.full_b = sbase + L.bar, c.empty_b = c.full_b + 16u, c.pready_b = c.full_b + 32u;
-  c.qfree_b = c.full_b + 48u;
-  c.umask = (const volatile uint64_t *)(smem + L.mask + 64);
-  return c;
-}
-
 /* One step of a compute warpgroup: tile j, its own (OWN) or the other's (CROSS), as the
  * "v11: the relay" comment above describes; the state (O, the row statistics, s, pa, q_s) lives in
  * the caller. */
@@ -448,21 +426,26 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
                                          uint32_t pa[16], uint32_t &q_s W11_STEP_PROBE_ARGS) {
   constexpr int KB = (512 + DR) / 64;
   constexpr uint32_t TILE = KB * W_KB_BYTES;
-  const w_step_ctx c = w_step_ctx_of(smem, sbase, L);
+  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
+  const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
+  const uint32_t kv_s = sbase + L.kv;
+  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, pready_b = full_b + 32u;
+  const uint32_t qfree_b = full_b + 48u;
+  const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask + 64);
   {
     /* Stage and phase by the block's tile count gj (units before this one included);
      * which warpgroup owns the tile, by its index j in the unit. */
     const uint32_t st = gj & 1u, par = (gj >> 1) & 1u;
-    const uint32_t kvb = c.kv_s + st * TILE;
+    const uint32_t kvb = kv_s + st * TILE;
     const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
     float *xmj = (float *)(smem + L.xm) + st * 128u; /* [m, top][64] after tile j */
-    w11_release_prev(j, gj, c.empty_b, O, pa);
+    w11_release_prev(j, gj, empty_b, O, pa);
     if (!own) { /* CROSS(j) */
-      mbar_wait(c.pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
+      mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
       W11_PHASE(5);
       /* the stage and the P block, seen here, visible to wgmma */
       if (!SMLA_PROBE_NO_FENCE) fence_proxy_async();
-      w11_cross_scale(xmj, c.r0, O, m_run, l_run, m_top);
+      w11_cross_scale(xmj, r0, O, m_run, l_run, m_top);
       w11_pv_ss(O, pblk, kvb, wg);
       W11_PHASE(6);
       return;
@@ -472,7 +455,7 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
 #if SMLA_PROBE && SMLA_PROBE_G
     const unsigned long long g_s = probe_now();
 #endif
-    mbar_wait(c.full_b + 8u * st, par); /* tile j (and Q) */
+    mbar_wait(full_b + 8u * st, par); /* tile j (and Q) */
 #if SMLA_PROBE && SMLA_PROBE_G
     if (threadIdx.x == 0) {
       const unsigned long long g_r = probe_now();
@@ -488,19 +471,19 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     W11_PHASE(2);
     if (!SMLA_PROBE_NO_FENCE) fence_proxy_async();
     /* bit 8 n + e: column 8 n + 2 tig + e used */
-    const uint64_t um = c.umask[st] >> (2 * c.tig);
+    const uint64_t um = umask[st] >> (2 * tig);
     asm volatile("mov.u32 %0, %0;" : "+r"(q_s)); /* descriptors not hoisted (spills) */
     wg_s_issue<64, SMLA_PROBE_S_HALF ? KB / 2 : KB>(s, q_s, W_KB_BYTES, kvb, W_KB_BYTES);
     wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; i++) wg_pin(s[i]);
     /* This warpgroup's last S of the unit has read Q: the next unit's may come in. */
-    if (j + 2 >= ntiles && c.lane == 0) mbar_arrive(c.qfree_b);
+    if (j + 2 >= ntiles && lane == 0) mbar_arrive(qfree_b);
     W11_PHASE(3);
     float alpha[2], lsum[2];
     bool moved;
     w11_own_softmax(a, s, um, m_run, m_top, pa, alpha, lsum, moved);
-    w11_own_publish(pa, c.r0, c.tig, smem + (pblk - sbase), xmj, c.pready_b + 8u * st, m_run,
+    w11_own_publish(pa, r0, tig, smem + (pblk - sbase), xmj, pready_b + 8u * st, m_run,
                     m_top);
     W11_PHASE(4);
 #pragma unroll
@@ -510,7 +493,6 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     W11_PHASE(6);
   }
 }
-
 
 /* One compute warpgroup's tiles: O (its 256 columns), m_run, l_run (its own tiles' share of
  * the row sums) and m_top as the epilogue expects them; both warpgroups end at the same
