@@ -161,12 +161,22 @@ __device__ __forceinline__ float w_cluster_factor(const smla_cuda_fwd_args &a, i
   return part_weight(m_own, l_own, M) * row_out_factor(a.sink, head, M, L, a.value_scale);
 }
 
+/* SMLA_FWD90_DSMEM_MERGE: 1 reads the other splits' columns from their staged O over
+ * distributed shared memory (ld.shared::cluster; no partial rows, a second cluster barrier
+ * keeps each block's stages alive until the others have read them); 0 (the default until
+ * measured): through their partial rows in L2 (v6). */
+#ifndef SMLA_FWD90_DSMEM_MERGE
+#define SMLA_FWD90_DSMEM_MERGE 0
+#endif
+
 /* Block `me` of the cluster sums its columns over the S splits (its own from the staged
- * ost, the others' from their partial rows, written before the barrier) and stores them
- * as bf16: every load of a thread issued before the first add (up to 33 x 16 bytes). */
+ * ost, the others' from their partial rows, written before the barrier, or from their
+ * staged ost at the same shared address, ost_s) and stores them as bf16: every load of a
+ * thread issued before the first add (up to 33 x 16 bytes). */
 template <int S>
 __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64_t t, int h0,
-                                              int me, const float *ost, int tid) {
+                                              int me, const float *ost, uint32_t ost_s,
+                                              int tid) {
   constexpr int UMAX = (64 + S - 1) / S; /* 8-column units a block owns, at most */
   constexpr int IPT = (64 * 2 * UMAX + W_THREADS - 1) / W_THREADS; /* float4 per thread */
   const int u0 = 64 * me / S, u1 = 64 * (me + 1) / S;
@@ -187,6 +197,8 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
         v[u][k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       else if (k == me)
         v[u][k] = *(const float4 *)(ost + row * W_OST_STRIDE + col);
+      else if (SMLA_FWD90_DSMEM_MERGE)
+        v[u][k] = ld_cluster_f32x4(ost_s + 4u * (uint32_t)(row * W_OST_STRIDE + col), (uint32_t)k);
       else
         v[u][k] = __ldcg((const float4 *)(pu + k * kstride));
     }
@@ -843,7 +855,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       const int S = a.num_splits;
       const int c0 = 8 * (64 * split / S), c1 = 8 * (64 * (split + 1) / S);
 #pragma unroll 1
-      for (int row = warp; row < W_HEADS; row += W_THREADS / 32) {
+      for (int row = warp; row < (SMLA_FWD90_DSMEM_MERGE ? 0 : W_HEADS); row += W_THREADS / 32) {
         const int head = h0 + row;
         if (head >= a.num_heads) continue;
         float *dst = a.part_out + (((int64_t)split * a.num_tokens + t) * a.num_heads + head) * 512;
@@ -855,14 +867,19 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
         }
       }
       cluster_sync_acq_rel();
+      const uint32_t ost_s = sbase + L.kv;
       switch (S) {
-      case 2: w_cluster_sum<2>(a, t, h0, split, ost, tid); break;
-      case 3: w_cluster_sum<3>(a, t, h0, split, ost, tid); break;
-      case 4: w_cluster_sum<4>(a, t, h0, split, ost, tid); break;
-      case 5: w_cluster_sum<5>(a, t, h0, split, ost, tid); break;
-      case 6: w_cluster_sum<6>(a, t, h0, split, ost, tid); break;
-      case 7: w_cluster_sum<7>(a, t, h0, split, ost, tid); break;
-      default: w_cluster_sum<8>(a, t, h0, split, ost, tid); break;
+      case 2: w_cluster_sum<2>(a, t, h0, split, ost, ost_s, tid); break;
+      case 3: w_cluster_sum<3>(a, t, h0, split, ost, ost_s, tid); break;
+      case 4: w_cluster_sum<4>(a, t, h0, split, ost, ost_s, tid); break;
+      case 5: w_cluster_sum<5>(a, t, h0, split, ost, ost_s, tid); break;
+      case 6: w_cluster_sum<6>(a, t, h0, split, ost, ost_s, tid); break;
+      case 7: w_cluster_sum<7>(a, t, h0, split, ost, ost_s, tid); break;
+      default: w_cluster_sum<8>(a, t, h0, split, ost, ost_s, tid); break;
+      }
+      if (SMLA_FWD90_DSMEM_MERGE) {
+        cluster_arrive_release(); /* this block's distributed reads are done */
+        cluster_wait();           /* and no block leaves while another may read its stages */
       }
     } else {
       w_store_rows(a, ost, dst_s, warp, W_HEADS, W_THREADS / 32);
