@@ -45,8 +45,8 @@ struct smla_plan {
   int num_splits;                 /* KV splits per row (>= 1) */
   int heads_per_block;            /* CUDA: heads per block; CPU: heads per work item */
   int kernel;                     /* backend-specific kernel id */
-  int merge_clusters[17];         /* CUDA: clusters of s blocks resident at once, s 2..8
-                                     and 16 (0: none; all 0: every split uses the combine) */
+  int merge_clusters[9];          /* CUDA: clusters of s blocks resident at once, s 2..8
+                                     (0: none; all 0: every split uses the combine) */
   int combine_pdl;                /* CUDA: the combine may be a programmatic dependent */
   int forward_pdl;                /* CUDA generic kernel: launched as a programmatic
                                      dependent of the stream's previous kernel */

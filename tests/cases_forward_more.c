@@ -486,8 +486,7 @@ static void c_wide_n128_merges(t_case *tc) {
  * kernel): 16 heads (bf16, dr 64, sink), 32 heads (dr 0, softcap) and 64 heads
  * (FP8_TENSOR: the value scale is applied by the merge); the small-head ones without it,
  * at 8, 16 and 32 heads (bf16: what that kernel reads; it merges one cluster a row, so its
- * 14, 24 and 32 splits go to the combine, and its 16 too unless clusters of 16 (a
- * non-portable size) can be resident). Where the plan can merge in the kernel (the generic
+ * 14-32 splits go to the combine). Where the plan can merge in the kernel (the generic
  * kernel's describe names programmatic launch, sm_90 code on an sm_90 device; the
  * small-head kernel's names an in-kernel merge, a build with SMLA_FWD90S_MERGE) it must
  * say it does, with the clusters expected, so that a lost merge path cannot pass as the
@@ -528,11 +527,8 @@ static void dsmem_merges(t_case *tc, int N, int dr, smla_cache_format format, fl
       const int small = strncmp(desc, "cuda-sm90", 9) == 0 && strstr(desc, "swap-AB") &&
                         strstr(desc, "in-kernel merge for");
       if (generic || small) {
-        /* the small-head kernel merges one cluster a row only (backend.c, merge_cluster_of):
-         * 2..8 splits, and 16 where the plan found clusters of 16 resident */
-        const int C = !small || cfg[i].splits <= 8 ? cfg[i].C
-                      : cfg[i].splits == 16 && !cfg[i].flags && strstr(desc, " of 16)") ? 16
-                                                                                         : 0;
+        /* the small-head kernel merges one cluster a row only (backend.c, merge_cluster_of) */
+        const int C = small && cfg[i].splits > 8 ? 0 : cfg[i].C;
         char want[64] = "";
         if (C)
           snprintf(want, sizeof want, "merged in-kernel (%d clusters of %d)",

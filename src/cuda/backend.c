@@ -374,7 +374,7 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
  * be resident (plan time query) count. */
 static int merge_cluster_of(const fwd_choice *c, int s) {
   if (!c->merge_clusters || s < 2) return 0;
-  if (c->sm90) return (s <= 8 || s == 16) && c->merge_clusters[s] > 0 ? s : 0;
+  if (c->sm90) return s <= 8 && c->merge_clusters[s] > 0 ? s : 0;
   for (int C = 8; C >= 2; C--)
     if (s % C == 0 && s / C <= SMLA_CUDA_FWD_MERGE_MAX_R && c->merge_clusters[C] > 0) return C;
   return 0;
@@ -842,7 +842,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   else pdl = c.hb < 64; /* the small-head kernel; the 64-head one measured slower at N =
                           128 T = 1 as a dependent (forward_wgmma.cu, SMLA_FWD90_PDL) */
   plan->forward_pdl = pdl && st->cc_major >= 9;
-  for (int k = 2; k <= 16 && !(d->flags & SMLA_PLAN_SEPARATE_MERGE); k += k < 8 ? 1 : 8) {
+  for (int k = 2; k <= 8 && !(d->flags & SMLA_PLAN_SEPARATE_MERGE); k++) {
     const int n = kernel_caps(&c, k, &pdl);
     if (n > 0) {
       plan->merge_clusters[k] = n;
@@ -858,9 +858,7 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
     int n = snprintf(merge, sizeof merge, "; in-kernel merge for %d-%d splits (resident "
                      "clusters of %d..%d:", merge_lo, merge_hi, merge_lo, merge_hi);
     for (int k = merge_lo; k <= merge_hi && n > 0 && n < (int)sizeof merge; k++)
-      if (k <= 8 || plan->merge_clusters[k]) /* 16: the small-head kernel's, where resident */
-        n += snprintf(merge + n, sizeof merge - (size_t)n, k > 8 ? " %d of %d" : " %d",
-                      plan->merge_clusters[k], k);
+      n += snprintf(merge + n, sizeof merge - (size_t)n, " %d", plan->merge_clusters[k]);
     if (n > 0 && n < (int)sizeof merge) snprintf(merge + n, sizeof merge - (size_t)n, ")");
   }
 

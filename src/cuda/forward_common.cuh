@@ -263,7 +263,7 @@ __device__ __forceinline__ void fwd_merge_bar() {
  * A second cluster barrier (arrive after the distributed reads, wait before exit) keeps
  * each block's shared memory alive while the others read it. Threads of the block that do
  * not call this must have exited (the cluster barriers count every thread that has not). */
-template <int M, int NT, int ST, int BAR, int CMAX = 8>
+template <int M, int NT, int ST, int BAR>
 __device__ __forceinline__ void fwd_dsmem_merge(const smla_cuda_fwd_args &a, uint32_t ost_s,
                                                 uint32_t m_s, uint32_t l_s, int *flag, int tid,
                                                 int64_t t, int grp, int split, int h0) {
@@ -276,11 +276,11 @@ __device__ __forceinline__ void fwd_dsmem_merge(const smla_cuda_fwd_args &a, uin
   const int u0 = 128 * k / C, u1 = 128 * (k + 1) / C;
   const int row = tid / TPR, sub = tid - row * TPR, head = h0 + row;
   const bool live = head < a.num_heads;
-  float w[CMAX], M_ = NEG_INF, L_ = 0.0f;
+  float w[8], M_ = NEG_INF, L_ = 0.0f;
   {
-    float mk[CMAX], lk[CMAX];
+    float mk[8], lk[8];
 #pragma unroll
-    for (int i = 0; i < CMAX; i++) {
+    for (int i = 0; i < 8; i++) {
       mk[i] = NEG_INF;
       lk[i] = 0.0f;
       if (i < C && live) {
@@ -289,9 +289,9 @@ __device__ __forceinline__ void fwd_dsmem_merge(const smla_cuda_fwd_args &a, uin
       }
     }
 #pragma unroll
-    for (int i = 0; i < CMAX; i++) M_ = fmax_nan(M_, mk[i]);
+    for (int i = 0; i < 8; i++) M_ = fmax_nan(M_, mk[i]);
 #pragma unroll
-    for (int i = 0; i < CMAX; i++) {
+    for (int i = 0; i < 8; i++) {
       w[i] = part_weight(mk[i], lk[i], M_);
       L_ = fmaf(lk[i], w[i], L_);
     }
@@ -303,13 +303,13 @@ __device__ __forceinline__ void fwd_dsmem_merge(const smla_cuda_fwd_args &a, uin
 #pragma unroll 1
     for (int u = u0 + sub; u < u1; u += TPR) {
       const uint32_t at = ost_s + (uint32_t)(row * ST + 4 * u) * 4u;
-      float4 v[CMAX];
+      float4 v[8];
 #pragma unroll
-      for (int i = 0; i < CMAX; i++)
+      for (int i = 0; i < 8; i++)
         if (i < C) v[i] = ld_cluster_f32x4(at, (uint32_t)i);
       float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-      for (int i = 0; i < CMAX; i++)
+      for (int i = 0; i < 8; i++)
         if (i < C && w[i] != 0.0f) { /* 0 x a NaN of an unused split's O stays out */
           acc.x = fmaf(v[i].x, w[i], acc.x);
           acc.y = fmaf(v[i].y, w[i], acc.y);

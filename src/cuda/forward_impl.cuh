@@ -657,7 +657,7 @@ static cudaError_t fwd_caps_t(const smla_cuda_fwd_config *c, int cluster, int *c
   if (fa.ptxVersion < 90) return cudaSuccess;
   *pdl_ok = SMLA_FWD_PDL;
   const smla_cuda_fwd_layout L = smla_cuda_fwd_layout_of(FMT, DR, MT, c->pipe);
-  if (cluster < 2 || cluster > 8 || !fwd_merge_fits(L, MT)) return cudaSuccess; /* portable sizes */
+  if (cluster < 2 || !fwd_merge_fits(L, MT)) return cudaSuccess;
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg =
       fwd_launch_config((unsigned)cluster, L.total, cluster, 0, NULL, attr);

@@ -927,9 +927,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #ifndef SMLA_FWD90S_MERGE
 #define SMLA_FWD90S_MERGE 0
 #endif
-/* The largest cluster the small-head kernel merges in: 16 (a non-portable size, allowed on
- * sm_90 where the plan-time query finds such clusters resident: whole GPCs), else 8. */
-#define W_SMALL_CMAX 16
 #if SMLA_FWD90_SMALL
 
 struct ws_layout {
@@ -1166,9 +1163,8 @@ __global__ void __launch_bounds__(256, 1)
         ost[h * W_OST_STRIDE + 64 * mt + r0 + 8 * (e >> 1)] = O[mt][i] * f[n][e & 1];
       }
     if (a.cluster_merge) {
-      fwd_dsmem_merge<HG, 128, W_OST_STRIDE, 1, W_SMALL_CMAX>(
-          a, kv_s, sbase + L.red, sbase + L.red + 4u * HG, (int *)(smem + L.mask), tid, t, grp,
-          split, h0);
+      fwd_dsmem_merge<HG, 128, W_OST_STRIDE, 1>(a, kv_s, sbase + L.red, sbase + L.red + 4u * HG,
+                                                (int *)(smem + L.mask), tid, t, grp, split, h0);
     } else {
       WS_SYNC();
       w_store_rows(a, ost, dst_s, wq, HG, 4);
@@ -1218,17 +1214,8 @@ static const void *w_kernel(int dr, int hb) {
 }
 
 extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int hb, int max_smem) {
-  cudaError_t e = cudaFuncSetAttribute(w_kernel(dr, hb),
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
-  if (e == cudaSuccess && hb < 64 && SMLA_FWD90S_MERGE) /* clusters of 16 (W_SMALL_CMAX) */
-    e = cudaFuncSetAttribute(w_kernel(dr, hb), cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  return e;
-}
-
-/* Whether s splits can be one cluster of the kernel of hb heads a block: 2..8, and 16 for
- * the small-head kernel. */
-static int w_cluster_ok(int hb, int s) {
-  return (s >= 2 && s <= 8) || (hb < 64 && s == W_SMALL_CMAX);
+  return cudaFuncSetAttribute(w_kernel(dr, hb), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              max_smem);
 }
 
 /* A launch configuration of the forward: clusters of `cluster` blocks (1: none), a
@@ -1264,7 +1251,7 @@ static cudaLaunchConfig_t w_config(unsigned blocks, unsigned threads, uint32_t s
 extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int hb, int splits,
                                                         int *clusters) {
   *clusters = 0;
-  if (!w_cluster_ok(hb, splits) || (hb < 64 && !SMLA_FWD90S_MERGE)) return cudaSuccess;
+  if (splits < 2 || splits > 8 || (hb < 64 && !SMLA_FWD90S_MERGE)) return cudaSuccess;
   cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t c = w_config((unsigned)splits, hb < 64 ? 256u : (unsigned)W_BLOCK,
                                   smla_cuda_fwd90_smem_bytes(dr, hb), splits, 0, NULL, attr);
@@ -1277,7 +1264,7 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fw
   if (blocks <= 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   const int C = a->cluster_merge;
-  if (C && (!w_cluster_ok(hb, a->num_splits) || C != a->num_splits))
+  if (C && (a->num_splits < 2 || a->num_splits > 8 || C != a->num_splits))
     return cudaErrorInvalidValue; /* one cluster a row */
   if (hb < 64 && smla_cuda_fwd90_small_heads(hb) != hb) return cudaErrorInvalidValue;
   int64_t grid = blocks; /* the persistent grid: at most one block a resident slot */
