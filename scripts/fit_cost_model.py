@@ -48,7 +48,7 @@ DEFAULT = {
                                       # of a (row, split) reads at the gather rate
     "COMBINE_FIXED_US": 0.0,
     "COMBINE_FRAC": 1.10,             # partial bytes (written + read) per us / peak
-    "CLUSTER_MERGE_US": 4.96,
+    "CLUSTER_MERGE_US": 0.51,
     "DSMEM_MERGE_US": 0.0,
     "LAST_ARRIVER_US": 0.84,
     "SM90S_MERGE_US": 1.0,            # the small-head kernel's in-kernel merge (one cluster a

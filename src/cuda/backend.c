@@ -327,11 +327,12 @@ static const double SM90S_BLOCK_FIXED_US[3] = {3.59, 4.64, 6.53};
                                       out: a ranking rate, not a measured one) */
 #define COMBINE_FIXED_US 0.0       /* the combine launched as a programmatic dependent */
 #define COMBINE_FRAC 1.10          /* partials written once and read once, mostly in L2 */
-#define CLUSTER_MERGE_US 4.96      /* sm90 in-kernel merge (2 cluster barriers, (S-1)/S of O
-                                      to L2 and back), as fitted: it beats the combine by
-                                      3-7% at 2 splits from T = 32 on (N = 128 T = 32: 49.8
-                                      against 52.6 us), where the model still picks 2 through
-                                      the combine */
+#define CLUSTER_MERGE_US 0.51      /* the 64-head kernel's in-kernel merge (3 cluster
+                                      barriers, (S-1)/S of O over distributed shared
+                                      memory): v6's fitted 4.96 (its O through L2) less the
+                                      4.2-4.7 us the DSMEM form measured faster (H100,
+                                      bench/RESULTS.md session 26 call 1); replayed on call
+                                      2's paths with that saving: 3 misses > 5% against 4 */
 #define DEFAULT_PEAK_BYTES_PER_US 2.0e6 /* a device that does not report its memory clock */
 /* The generic kernel's in-kernel merge: one cluster of C a row (2 cluster barriers, O over
  * distributed shared memory), and R > 1 clusters a row (slices to L2, a release and a
@@ -351,8 +352,8 @@ typedef struct fwd_choice {
   smla_cuda_fwd_config cfg;
   int sm90;           /* 1: the sm_90a wgmma kernel */
   int hb;             /* heads a block (sm90: 64, or the small-head kernel's 8..32) */
-  int l2_merge;       /* the 64-head kernel's merge: one cluster a row, through L2 (else R
-                         clusters of C a row over distributed shared memory) */
+  int wide_merge;     /* the 64-head kernel's merge: one cluster a row (CLUSTER_MERGE_US;
+                         else R clusters of C a row, fwd_dsmem_merge) */
   double tile_us;     /* compute time of one 64-entry tile of one block */
   double wave_us;     /* the kernel's fixed cost a wave */
   int groups;         /* head groups of 16 * mtiles heads */
@@ -402,7 +403,7 @@ static double split_cost(const fwd_choice *c, const cuda_state *st, int num_head
   if (tile < mem) tile = mem;
   double cost = (double)waves * ((double)tps * tile + c->wave_us);
   if (C)
-    cost += c->l2_merge ? CLUSTER_MERGE_US
+    cost += c->wide_merge ? CLUSTER_MERGE_US
             : c->sm90   ? SM90S_MERGE_US
                         : DSMEM_MERGE_US + (s > C ? LAST_ARRIVER_US : 0.0);
   else if (s > 1)
@@ -467,7 +468,7 @@ static void plan_choice(const smla_plan *plan, fwd_choice *c) {
   c->cfg.mtiles = plan->heads_per_block / 16; /* the generic kernel's; unused on sm90 */
   c->sm90 = plan->kernel == KERNEL_SM90;
   c->hb = plan->heads_per_block;
-  c->l2_merge = c->sm90 && c->hb == 64;
+  c->wide_merge = c->sm90 && c->hb == 64;
   c->cfg.pipe = c->sm90 ? 2 : plan->kernel;
   const int small = c->hb == 8 ? 0 : c->hb == 16 ? 1 : 2; /* the small-head kernel's */
   c->tile_us = !c->sm90 ? TILE_COMPUTE_US[c->cfg.mtiles]
@@ -586,8 +587,8 @@ static int kernel_caps(const fwd_choice *c, int cluster, int *pdl) {
 }
 
 /* The describe's words for s splits merged in the kernel in clusters of C. */
-static void merged_text(char *buf, size_t n, int l2_merge, int C, int s) {
-  if (l2_merge)
+static void merged_text(char *buf, size_t n, int wide_merge, int C, int s) {
+  if (wide_merge)
     snprintf(buf, n, " merged in-kernel");
   else
     snprintf(buf, n, " merged in-kernel (%d clusters of %d)", s / C, C);
@@ -827,8 +828,8 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   if (s != SMLA_OK) return s;
   /* Forwards of 2..8 splits a cluster may merge inside the kernel where such a cluster can
    * be resident (the sm90 kernels: one cluster per (t, head group), the 64-head kernel's
-   * through L2, the small-head kernel's, in SMLA_FWD90S_MERGE builds, through distributed
-   * shared memory; the generic kernel: R clusters of C, merged through distributed shared
+   * and, in SMLA_FWD90S_MERGE builds, the small-head kernel's, through distributed shared
+   * memory; the generic kernel: R clusters of C, merged through distributed shared
    * memory and, for R > 1, by the last cluster to finish); the
    * cost model picks per split count. A device, driver or binary without cluster launch
    * (the query fails, or says 0) gets the combine kernel for every split count. The
@@ -874,12 +875,12 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   int64_t crow = 0;
   if (!plan->split_table) {
     cap = s_one > 1 ? d->max_tokens * s_one : 0;
-    if (merged_one && !c.l2_merge && merge_cluster_of(&c, s_one) < s_one) crow = d->max_tokens;
+    if (merged_one && !c.wide_merge && merge_cluster_of(&c, s_one) < s_one) crow = d->max_tokens;
   } else {
     for (int64_t T = 1; T <= plan->split_rows; T++) {
       const int k = plan->split_table[T - 1] & ~SPLIT_MERGED;
       if (k > 1 && T * k > cap) cap = T * k;
-      if ((plan->split_table[T - 1] & SPLIT_MERGED) && !c.l2_merge && merge_cluster_of(&c, k) < k)
+      if ((plan->split_table[T - 1] & SPLIT_MERGED) && !c.wide_merge && merge_cluster_of(&c, k) < k)
         crow = T;
     }
   }
@@ -900,8 +901,8 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   char m_one[48] = "", m_max[48] = "";
   const int c_one = merged_one ? merge_cluster_of(&c, s_one) : 0;
   const int c_max = merged_max ? merge_cluster_of(&c, s_max) : 0;
-  if (c_one) merged_text(m_one, sizeof m_one, c.l2_merge, c_one, s_one);
-  if (c_max) merged_text(m_max, sizeof m_max, c.l2_merge, c_max, s_max);
+  if (c_one) merged_text(m_one, sizeof m_one, c.wide_merge, c_one, s_one);
+  if (c_max) merged_text(m_max, sizeof m_max, c.wide_merge, c_max, s_max);
 
   const char *policy = d->num_splits > 0 ? "forced"
                        : (d->flags & SMLA_PLAN_BATCH_INVARIANT) ? "batch-invariant, fixed"

@@ -156,8 +156,9 @@ typedef struct smla_cuda_fwd_args {
   float *part_max;             /* [splits][T][N] */
   /* cluster_merge = C >= 2: the splits merge inside the kernel, no combine kernel. Blocks
    * are numbered (t, group, split), split fastest, and launched as clusters of C
-   * consecutive splits. sm90 kernels: C == num_splits (2..8); the 64-head kernel exchanges
-   * through part_out, the small-head one as the generic kernel's R = 1 below.
+   * consecutive splits. sm90 kernels: C == num_splits (2..8); the 64-head kernel sums each
+   * block's columns over the blocks' staged O (distributed shared memory, no part_out), the
+   * small-head one as the generic kernel's R = 1 below.
    * Generic kernel (sm_90 code only: smla_cuda_fwd_caps): R = num_splits / C clusters a
    * (t, group); the blocks of a cluster merge through distributed shared memory
    * (fwd_dsmem_merge, which the small-head kernel calls too), block k owning

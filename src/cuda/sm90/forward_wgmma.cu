@@ -123,13 +123,16 @@ __device__ __forceinline__ uint32_t w_chunk(int r, int c) {
 }
 
 
-/* The in-kernel split merge (a.cluster_merge; docs/design/cuda-sm90-forward.md, v6): the
- * splits of one (t, head group) are one cluster. Every block reads the row max m and sum
- * l of every split from the others' shared memory, scales its own O by its weight
- * exp(m_k - M) / (L + sink term) (the same M and L in every block: same order of
- * reads and sums), writes the columns it does not own to its partial rows, and after a
- * second cluster barrier sums the S values of the columns it owns: 8-column units
- * [64 k / S, 64 (k + 1) / S) for block k. The A/B against the combine kernel is a plan
+/* The in-kernel split merge (a.cluster_merge; docs/design/cuda-sm90-forward.md, v6 and
+ * v21): the splits of one (t, head group) are one cluster. Every block reads the row max m
+ * and sum l of every split from the others' shared memory, scales its own O by its weight
+ * exp(m_k - M) / (L + sink term) (the same M and L in every block: same order of reads
+ * and sums) into its staged O, and after a second cluster barrier sums the S values of
+ * the columns it owns, 8-column units [64 k / S, 64 (k + 1) / S) for block k, reading the
+ * other blocks' staged O over distributed shared memory; a third barrier (arrive after
+ * those reads, wait before exit) keeps every block's stages alive until the others are
+ * done. v6 exchanged the columns through partial rows in L2: 4.2-4.7 us slower a forward
+ * (H100, bench/RESULTS.md session 26 call 1). The A/B against the combine kernel is a plan
  * flag (SMLA_PLAN_SEPARATE_MERGE, `smla bench --separate-merge`), not a build. */
 
 /* Row `row`'s weight of this block's O in the cluster's merged row, and (writer) the
@@ -161,18 +164,10 @@ __device__ __forceinline__ float w_cluster_factor(const smla_cuda_fwd_args &a, i
   return part_weight(m_own, l_own, M) * row_out_factor(a.sink, head, M, L, a.value_scale);
 }
 
-/* SMLA_FWD90_DSMEM_MERGE: 1 reads the other splits' columns from their staged O over
- * distributed shared memory (ld.shared::cluster; no partial rows, a second cluster barrier
- * keeps each block's stages alive until the others have read them); 0 (the default until
- * measured): through their partial rows in L2 (v6). */
-#ifndef SMLA_FWD90_DSMEM_MERGE
-#define SMLA_FWD90_DSMEM_MERGE 0
-#endif
-
 /* Block `me` of the cluster sums its columns over the S splits (its own from the staged
- * ost, the others' from their partial rows, written before the barrier, or from their
- * staged ost at the same shared address, ost_s) and stores them as bf16: every load of a
- * thread issued before the first add (up to 33 x 16 bytes). */
+ * ost, the others' from their staged ost at the same shared address, ost_s, over
+ * distributed shared memory) and stores them as bf16: every load of a thread issued
+ * before the first add (up to 33 x 16 bytes). */
 template <int S>
 __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64_t t, int h0,
                                               int me, const float *ost, uint32_t ost_s,
@@ -182,25 +177,19 @@ __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64
   const int u0 = 64 * me / S, u1 = 64 * (me + 1) / S;
   const int c0 = 8 * u0, nch = 2 * (u1 - u0), items = 64 * nch;
   float4 v[IPT][S];
-  /* split k's partial row of (t, h0): prow + k * kstride floats */
-  const float *prow = a.part_out + (t * a.num_heads + h0) * 512;
-  const int64_t kstride = (int64_t)a.num_tokens * a.num_heads * 512;
 #pragma unroll
   for (int u = 0; u < IPT; u++) {
     const int i = tid + W_THREADS * u;
     const int row = i / nch, col = c0 + 4 * (i - row * nch);
     const bool ok = i < items && h0 + row < a.num_heads;
-    const float *pu = prow + (row * 512 + col);
 #pragma unroll
     for (int k = 0; k < S; k++) {
       if (!ok)
         v[u][k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       else if (k == me)
         v[u][k] = *(const float4 *)(ost + row * W_OST_STRIDE + col);
-      else if (SMLA_FWD90_DSMEM_MERGE)
-        v[u][k] = ld_cluster_f32x4(ost_s + 4u * (uint32_t)(row * W_OST_STRIDE + col), (uint32_t)k);
       else
-        v[u][k] = __ldcg((const float4 *)(pu + k * kstride));
+        v[u][k] = ld_cluster_f32x4(ost_s + 4u * (uint32_t)(row * W_OST_STRIDE + col), (uint32_t)k);
     }
   }
 #pragma unroll
@@ -849,23 +838,10 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   {
     const int warp = tid >> 5; /* 8 warps, 8 rows each */
     if (cmerge) {
-      /* The columns other blocks own, to this split's partial rows (every row of a head
-       * < N, zeros included: the owners read them all); then the cluster barrier that
-       * also ends every read of this block's red / rowmax_s; then this block's columns. */
+      /* The staged O published to the cluster (the barrier also ends every read of this
+       * block's red / rowmax_s); then this block's columns, summed over the S blocks'
+       * staged O; then no block leaves while another may still read its stages. */
       const int S = a.num_splits;
-      const int c0 = 8 * (64 * split / S), c1 = 8 * (64 * (split + 1) / S);
-#pragma unroll 1
-      for (int row = warp; row < (SMLA_FWD90_DSMEM_MERGE ? 0 : W_HEADS); row += W_THREADS / 32) {
-        const int head = h0 + row;
-        if (head >= a.num_heads) continue;
-        float *dst = a.part_out + (((int64_t)split * a.num_tokens + t) * a.num_heads + head) * 512;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          const int col = 4 * (lane + 32 * i);
-          if (col >= c0 && col < c1) continue;
-          *(float4 *)(dst + col) = *(const float4 *)(ost + row * W_OST_STRIDE + col);
-        }
-      }
       cluster_sync_acq_rel();
       const uint32_t ost_s = sbase + L.kv;
       switch (S) {
@@ -877,10 +853,8 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       case 7: w_cluster_sum<7>(a, t, h0, split, ost, ost_s, tid); break;
       default: w_cluster_sum<8>(a, t, h0, split, ost, ost_s, tid); break;
       }
-      if (SMLA_FWD90_DSMEM_MERGE) {
-        cluster_arrive_release(); /* this block's distributed reads are done */
-        cluster_wait();           /* and no block leaves while another may read its stages */
-      }
+      cluster_arrive_release(); /* this block's distributed reads are done */
+      cluster_wait();
     } else {
       w_store_rows(a, ost, dst_s, warp, W_HEADS, W_THREADS / 32);
     }
@@ -1246,7 +1220,7 @@ static cudaLaunchConfig_t w_config(unsigned blocks, unsigned threads, uint32_t s
 }
 
 /* Resident clusters of `splits` blocks (0: none): one cluster a row and head group, the
- * 64-head kernel's merged through L2, the small-head kernel's (SMLA_FWD90S_MERGE builds)
+ * 64-head kernel's (w_cluster_sum) and the small-head kernel's (SMLA_FWD90S_MERGE builds)
  * over distributed shared memory. */
 extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int hb, int splits,
                                                         int *clusters) {
