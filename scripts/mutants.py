@@ -244,8 +244,8 @@ MUTANTS = [
       "return part_weight(m_own, l_own, M) * row_out_factor(NULL, head, M, L, a.value_scale);",
       "sm90 in-kernel cluster merge of splits drops the sink", "forward,merge"),
     M("gpu_cluster_sum_remote_rank", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "v[u][k] = ld_cluster_f32x4(ost_s + 4u * (uint32_t)(row * W_OST_STRIDE + col), (uint32_t)k);",
-      "v[u][k] = ld_cluster_f32x4(ost_s + 4u * (uint32_t)(row * W_OST_STRIDE + col), (uint32_t)me);",
+      "ld_cluster_f32x4(ost_s + 4u * (uint32_t)(row * W_OST_STRIDE + col), (uint32_t)k);",
+      "ld_cluster_f32x4(ost_s + 4u * (uint32_t)(row * W_OST_STRIDE + col), (uint32_t)me);",
       "sm90 in-kernel cluster merge: every other split's columns read from this block's own "
       "staged O instead of that split's block", "wide_n128_merges,wide_n128_splits"),
     M("gpu_generic_merge_last_early", "gpu", "src/cuda/forward_common.cuh",
