@@ -6,6 +6,9 @@ of the path the plan would choose against the fastest measured path.
     python3 scripts/fit_cost_model.py paths.json [more.json ...] [--peak-gbs 3352] [--fit]
         [--test held-out.json ...] [--per-t=all]
 
+Runs may be gzipped (.json.gz); bench/paths/ keeps the runs measured since session 26 (the
+earlier fits' runs were not kept), each named by date, session, call, card and build.
+
 Each row of a --paths run is one path: kernel (sm90 64-head, sm90 small-head, generic), heads
 a block, split count, merge (in the kernel or the combine kernel), and its median time. The
 model here is the C model line for line (DEFAULT: its constants, by name), and so is the
@@ -19,6 +22,7 @@ constants to paste into backend.c, a line per shape where the choice is more tha
 than the fastest path, and the chain each N gets for up to 64 rows.
 """
 import argparse
+import gzip
 import json
 import math
 import re
@@ -124,7 +128,8 @@ def model_us(c, kern, hb, N, T, K, row_bytes, s, merged, sms, peak, clusters=Non
 def load(files):
     shapes = {}  # (N, T, run): each run's shapes apart (runs on other cards differ by %)
     for run, fn in enumerate(files):
-        d = json.load(open(fn))
+        with (gzip.open(fn, "rt") if fn.endswith(".gz") else open(fn)) as f:
+            d = json.load(f)
         m = d["meta"]
         sms = int(re.search(r"(\d+) SMs", m["device_name"]).group(1))
         for r in d["rows"]:
