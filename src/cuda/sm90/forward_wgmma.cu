@@ -165,13 +165,13 @@ __device__ __forceinline__ float w_cluster_factor(const smla_cuda_fwd_args &a, i
 }
 
 /* Block `me` of the cluster sums its columns over the S splits (its own from the staged
- * ost, the others' from their staged ost at the same shared address, ost_s, over
- * distributed shared memory) and stores them as bf16: every load of a thread issued
- * before the first add (up to 33 x 16 bytes). */
+ * ost, the others' from their staged ost at the same shared address, over distributed
+ * shared memory) and stores them as bf16: every load of a thread issued before the first
+ * add (up to 33 x 16 bytes). */
 template <int S>
 __device__ __forceinline__ void w_cluster_sum(const smla_cuda_fwd_args &a, int64_t t, int h0,
-                                              int me, const float *ost, uint32_t ost_s,
-                                              int tid) {
+                                              int me, const float *ost, int tid) {
+  const uint32_t ost_s = smem_addr(ost);
   constexpr int UMAX = (64 + S - 1) / S; /* 8-column units a block owns, at most */
   constexpr int IPT = (64 * 2 * UMAX + W_THREADS - 1) / W_THREADS; /* float4 per thread */
   const int u0 = 64 * me / S, u1 = 64 * (me + 1) / S;
@@ -843,15 +843,14 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
        * staged O; then no block leaves while another may still read its stages. */
       const int S = a.num_splits;
       cluster_sync_acq_rel();
-      const uint32_t ost_s = sbase + L.kv;
       switch (S) {
-      case 2: w_cluster_sum<2>(a, t, h0, split, ost, ost_s, tid); break;
-      case 3: w_cluster_sum<3>(a, t, h0, split, ost, ost_s, tid); break;
-      case 4: w_cluster_sum<4>(a, t, h0, split, ost, ost_s, tid); break;
-      case 5: w_cluster_sum<5>(a, t, h0, split, ost, ost_s, tid); break;
-      case 6: w_cluster_sum<6>(a, t, h0, split, ost, ost_s, tid); break;
-      case 7: w_cluster_sum<7>(a, t, h0, split, ost, ost_s, tid); break;
-      default: w_cluster_sum<8>(a, t, h0, split, ost, ost_s, tid); break;
+      case 2: w_cluster_sum<2>(a, t, h0, split, ost, tid); break;
+      case 3: w_cluster_sum<3>(a, t, h0, split, ost, tid); break;
+      case 4: w_cluster_sum<4>(a, t, h0, split, ost, tid); break;
+      case 5: w_cluster_sum<5>(a, t, h0, split, ost, tid); break;
+      case 6: w_cluster_sum<6>(a, t, h0, split, ost, tid); break;
+      case 7: w_cluster_sum<7>(a, t, h0, split, ost, tid); break;
+      default: w_cluster_sum<8>(a, t, h0, split, ost, tid); break;
       }
       cluster_arrive_release(); /* this block's distributed reads are done */
       cluster_wait();
