@@ -557,6 +557,14 @@ static smla_status fill_split_table(smla_plan *plan, const fwd_choice *c,
   return SMLA_OK;
 }
 
+/* Whether s splits (merged: in the kernel) write partial rows to the workspace: through the
+ * combine kernel, or merged in R > 1 clusters a row (the generic kernel's last arriver reads
+ * the other clusters' slices from them); not when one cluster holds a row's splits (the
+ * 64-head kernel's merge and every C = s merge read the staged O over DSMEM). */
+static int partials_of(const fwd_choice *c, int s, int merged) {
+  return s > 1 && (!merged || merge_cluster_of(c, s) < s);
+}
+
 /* Workspace bytes per partial row (t, split): out [N][512] float + lse [N] + max [N]. */
 static size_t partial_row_bytes(int num_heads) {
   return (size_t)num_heads * (SMLA_DC * 4 + 4 + 4);
@@ -865,7 +873,8 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
 
   s = fill_split_table(plan, &c, st);
   if (s != SMLA_OK) return s;
-  /* Partial rows the workspace must hold: max over T <= max_tokens of T * splits(T). */
+  /* Partial rows the workspace must hold: max over T <= max_tokens of T * splits(T), over
+   * the T whose splits leave the kernel as partial rows (partials_of). */
   int64_t cap = 0;
   int split_len, merged, s_one = plan_splits(plan, &c, 1, &split_len, &merged);
   const int merged_one = merged;
@@ -874,14 +883,14 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   /* Merge counters (generic kernel, R > 1 clusters a row): rows of T that need them. */
   int64_t crow = 0;
   if (!plan->split_table) {
-    cap = s_one > 1 ? d->max_tokens * s_one : 0;
+    cap = partials_of(&c, s_one, merged_one) ? d->max_tokens * s_one : 0;
     if (merged_one && !c.wide_merge && merge_cluster_of(&c, s_one) < s_one) crow = d->max_tokens;
   } else {
     for (int64_t T = 1; T <= plan->split_rows; T++) {
       const int k = plan->split_table[T - 1] & ~SPLIT_MERGED;
-      if (k > 1 && T * k > cap) cap = T * k;
-      if ((plan->split_table[T - 1] & SPLIT_MERGED) && !c.wide_merge && merge_cluster_of(&c, k) < k)
-        crow = T;
+      const int m = (plan->split_table[T - 1] & SPLIT_MERGED) != 0;
+      if (partials_of(&c, k, m) && T * k > cap) cap = T * k;
+      if (m && !c.wide_merge && merge_cluster_of(&c, k) < k) crow = T;
     }
   }
   /* The grid is (row, head group, split) in one dimension of at most 2^31-1 blocks. */
@@ -1034,7 +1043,7 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p,
 
   const int64_t part_stride_p = T * N; /* in (t, h) rows */
   int64_t cap = 0;
-  if (splits > 1) {
+  if (partials_of(&c, splits, merged)) {
     cap = plan->workspace ? plan->partial_rows : 0;
     if (T * splits > cap)
       return smla_set_error(ctx, SMLA_ERR_INTERNAL, "%s: %lld rows x %d splits exceed the "
