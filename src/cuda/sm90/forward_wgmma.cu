@@ -884,7 +884,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
  *     (36 wgmma m64n64k16), the softmax with its own (m, l, top) of every row, P(j) (bf16)
  *     to the P block of the stage (dr = 64: the rope block, which only S reads) and the
  *     row factors alpha(j) to xm, arrive on pready. Nothing it does waits for a PV.
- *   the accumulators (warpgroups 0 and 1, 176 registers; O[:, 256 w ..] as v11's): wait on
+ *   the accumulators (warpgroups 0 and 1, 168 registers; O[:, 256 w ..] as v11's): wait on
  *     pready, O *= alpha(j) where a row moved, O += P(j) V(j) (SS, v11's cross PV),
  *     wait for it, release the stage (8 warp arrivals).
  *   the gather warpgroup (3, 40 registers): v11's.
@@ -947,7 +947,7 @@ __global__ void __launch_bounds__(W22_BLOCK, 1)
       if (blk.grp == 0) bad += nb;
     }
   } else if (wg == 2) { /* the scorer */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 136;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 136;\n" ::: "memory");
     float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f}, m_top[2] = {NEG_INF, NEG_INF};
     const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask + 64);
     uint32_t qd = q_s;
@@ -995,7 +995,7 @@ __global__ void __launch_bounds__(W22_BLOCK, 1)
     }
     named_bar_arrive(2, 384);
   } else { /* the accumulators: O[:, 256 wg ..] */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 176;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 168;\n" ::: "memory");
     float O[2][64];
 #pragma unroll
     for (int h = 0; h < 2; h++)
