@@ -52,7 +52,8 @@ DEFAULT = {
                                       # of a (row, split) reads at the gather rate
     "COMBINE_FIXED_US": 0.0,
     "COMBINE_FRAC": 1.10,             # partial bytes (written + read) per us / peak
-    "CLUSTER_MERGE_US": 0.51,
+    "CLUSTER_MERGE_US": 3.33,         # the 64-head kernel's in-kernel merge: a fixed cost
+    "CLUSTER_MERGE_SPLIT_US": 0.20,   # and a cost a split of the cluster
     "DSMEM_MERGE_US": 0.0,
     "LAST_ARRIVER_US": 0.84,
     "SM90S_MERGE_US": 1.0,            # the small-head kernel's in-kernel merge (one cluster a
@@ -114,7 +115,7 @@ def model_us(c, kern, hb, N, T, K, row_bytes, s, merged, sms, peak, clusters=Non
     cost = c["FORWARD_FIXED_US"] + waves * (tps * tile + block_fixed(c, kern, hb))
     if merged:
         if kern == "sm90":
-            cost += c["CLUSTER_MERGE_US"]
+            cost += c["CLUSTER_MERGE_US"] + c["CLUSTER_MERGE_SPLIT_US"] * s
         elif kern == "sm90s" and s <= 8:
             cost += c["SM90S_MERGE_US"]
         else:

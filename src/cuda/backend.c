@@ -327,12 +327,15 @@ static const double SM90S_BLOCK_FIXED_US[3] = {3.59, 4.64, 6.53};
                                       out: a ranking rate, not a measured one) */
 #define COMBINE_FIXED_US 0.0       /* the combine launched as a programmatic dependent */
 #define COMBINE_FRAC 1.10          /* partials written once and read once, mostly in L2 */
-#define CLUSTER_MERGE_US 0.51      /* the 64-head kernel's in-kernel merge (3 cluster
-                                      barriers, (S-1)/S of O over distributed shared
-                                      memory): v6's fitted 4.96 (its O through L2) less the
-                                      4.2-4.7 us the DSMEM form measured faster (H100,
-                                      bench/RESULTS.md session 26 call 1); replayed on call
-                                      2's paths with that saving: 3 misses > 5% against 4 */
+#define CLUSTER_MERGE_US 3.33       /* the 64-head kernel's in-kernel merge of s splits (v21: 3
+                                       cluster barriers, (s-1)/s of O over distributed shared
+                                       memory): CLUSTER_MERGE_US + s x CLUSTER_MERGE_SPLIT_US,
+                                       fitted on the default's --paths (H100, bench/RESULTS.md
+                                       session 27 call 1: 7 -> 5 of 35 shapes missed by > 5%;
+                                       0.51, v6's 4.96 less v21's measured saving, chose merges
+                                       of 4-8 splits that ran 1.4-4.1 us slower than the
+                                       combine) */
+#define CLUSTER_MERGE_SPLIT_US 0.20
 #define DEFAULT_PEAK_BYTES_PER_US 2.0e6 /* a device that does not report its memory clock */
 /* The generic kernel's in-kernel merge: one cluster of C a row (2 cluster barriers, O over
  * distributed shared memory), and R > 1 clusters a row (slices to L2, a release and a
@@ -403,7 +406,7 @@ static double split_cost(const fwd_choice *c, const cuda_state *st, int num_head
   if (tile < mem) tile = mem;
   double cost = (double)waves * ((double)tps * tile + c->wave_us);
   if (C)
-    cost += c->wide_merge ? CLUSTER_MERGE_US
+    cost += c->wide_merge ? CLUSTER_MERGE_US + s * CLUSTER_MERGE_SPLIT_US
             : c->sm90   ? SM90S_MERGE_US
                         : DSMEM_MERGE_US + (s > C ? LAST_ARRIVER_US : 0.0);
   else if (s > 1)

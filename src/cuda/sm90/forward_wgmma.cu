@@ -3,10 +3,11 @@
  * per block (SPEC §3), tensor cores through wgmma with both operands in shared memory (and
  * P from registers); and, at the end, the small-head kernel (N <= 32 by default: heads on
  * the wgmma N axis; the plan gives the generic kernel the fewest rows, where it is faster).
- * Design, napkin math and every measured version (v1-v20; v2-v8's code is in the git
+ * Design, napkin math and every measured version (v1-v22; v2-v8's code is in the git
  * history, v3 / v7 last at d2d16d7, v12 at 8663169, v13 at f3d4a0c, v15 (tile pairs) at
  * dea8388, v16 (S before the cross PV) at 6c73d08, v18 (two gather warpgroups) at dcf51d5,
- * v19 (either event first) at b193fe8, v20 (the column pair, 2-block clusters) at d70d269):
+ * v19 (either event first) at b193fe8, v20 (the column pair, 2-block clusters) at d70d269,
+ * v22 (the scorer: S and softmax on a third compute warpgroup) at e5161fd):
  * docs/design/cuda-sm90-forward.md.
  *
  * Work: units (row t, group of 64 heads, KV split), the same grid, split policy,
@@ -626,21 +627,6 @@ __device__ __forceinline__ unsigned w_gather_tiles(const smla_cuda_fwd_args &a, 
   return bad;
 }
 
-/* A gather warp's copies of its 16 rows of Q (heads h0 + 16 pw..; past N: zeros) into the
- * stack at q_s, 4 rows an instruction as w_gather_rows. */
-template <int KB>
-__device__ __forceinline__ void w_gather_q(const smla_cuda_fwd_args &a, uint32_t q_s, int64_t t,
-                                           int h0, int pw, int rl, int cl) {
-#pragma unroll 1
-  for (int rg = 0; rg < 4; rg++) {
-    const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
-#pragma unroll 1
-    for (int cb = 0; cb < KB; cb++)
-      cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, t, head, 8 * cb + cl),
-                  head < a.num_heads ? 16 : 0);
-  }
-}
-
 template <int DR>
 __global__ void __launch_bounds__(W_BLOCK, 1)
     fwd90_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
@@ -703,7 +689,15 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
        * wait for the previous unit's last S). */
       slot_pipe spipe = slot_pipe_start(a, blk.req, blk.slot_row, blk.ks, blk.kend, my_row);
       if (nq > 0) mbar_wait(qfree_b, (nq - 1u) & 1u);
-      w_gather_q<KB>(a, q_s, blk.t, blk.grp * W_HEADS, pw, rl, cl);
+      const int h0 = blk.grp * W_HEADS;
+#pragma unroll 1
+      for (int rg = 0; rg < 4; rg++) {
+        const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
+#pragma unroll 1
+        for (int cb = 0; cb < KB; cb++)
+          cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, blk.t, head, 8 * cb + cl),
+                      head < a.num_heads ? 16 : 0);
+      }
       const unsigned nb = w_gather_tiles<KB>(a, smem + L.mask + 64u, kv_s, full_b, spipe,
                                              blk.req, blk.slot_row, blk.ks, blk.kend,
                                              blk.ntiles, g0, pw, rl, cl, my_row);
@@ -874,185 +868,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 
   fwd_count_bad(a, 0, bad);
 }
-
-/* ---- v22: the scorer (session 27; SMLA_FWD90_SCORER; docs/design/cuda-sm90-forward.md) ----
- * v11's relay puts S, the softmax and a cross PV of every tile on one chain through both
- * compute warpgroups (~2.1 us a tile with no rows to copy, session 24), because O (64 heads
- * x 512 columns of fp32) needs both warpgroups' registers and both must agree on each
- * row's reference max. v22 gives the chain to one warpgroup and the accumulation to two:
- *   the scorer (warpgroup 2, 136 registers): for every tile j, wait for it, S(j) = Q K^T
- *     (36 wgmma m64n64k16), the softmax with its own (m, l, top) of every row, P(j) (bf16)
- *     to the P block of the stage (dr = 64: the rope block, which only S reads) and the
- *     row factors alpha(j) to xm, arrive on pready. Nothing it does waits for a PV.
- *   the accumulators (warpgroups 0 and 1, 168 registers; O[:, 256 w ..] as v11's): wait on
- *     pready, O *= alpha(j) where a row moved, O += P(j) V(j) (SS, v11's cross PV),
- *     wait for it, release the stage (8 warp arrivals).
- *   the gather warpgroup (3, 40 registers): v11's.
- * So the tensor cores see S(j + 1) queued right behind the PVs of tile j, and a tile
- * costs max(S + softmax on the scorer, the tensor work, the stage ring's (G + PV + S +
- * softmax) / 2) instead of the relay's sum. One split, no cluster merge, one unit a block
- * (the plan's other shapes run v11 / v14). */
-#ifndef SMLA_FWD90_SCORER
-#define SMLA_FWD90_SCORER 0
-#endif
-#if SMLA_FWD90_SCORER
-#define W22_BLOCK 512
-
-template <int DR>
-__global__ void __launch_bounds__(W22_BLOCK, 1)
-    fwd90_v22_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
-  constexpr int KB = (512 + DR) / 64;
-  constexpr uint32_t TILE = KB * W_KB_BYTES;
-  const float NEG_INF = -INFINITY;
-
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  const uint32_t raw_base = smem_addr(smem_raw);
-  const uint32_t sbase = (raw_base + 1023u) & ~1023u;
-  uint8_t *smem = smem_raw + (sbase - raw_base);
-  const w_layout L = w_layout_of(DR);
-  float *red = (float *)(smem + L.red);
-  float *rowmax_s = (float *)(smem + L.rowmax);
-  float *rowtop_s = (float *)(smem + L.rowtop);
-  float *xa = (float *)(smem + L.xm); /* [2 stages][64]: alpha of the stage's tile */
-
-  const int tid = threadIdx.x, lane = tid & 31;
-  const int wg = tid >> 7, wq = (tid >> 5) & 3;
-  const int g = lane >> 2, tig = lane & 3;
-  const int r0 = 16 * wq + g;
-
-  if (a.pdl) griddep_wait();
-  const fwd_block blk = fwd_block_of(a);
-  const int ntiles = blk.ntiles;
-  unsigned bad = 0;
-  const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv;
-  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, pready_b = full_b + 32u;
-  if (tid == 0) {
-    /* full: the gather warpgroup's 128 copies and 4 mask arrivals; empty: the 8
-     * accumulator warps; pready: the scorer's 128 threads. */
-    mbar_init(full_b, 132), mbar_init(full_b + 8u, 132);
-    mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);
-    mbar_init(pready_b, 128), mbar_init(pready_b + 8u, 128);
-  }
-  __syncthreads();
-  if (wg == 3) { /* the gather warpgroup */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (ntiles > 0) {
-      const int pw = (tid - 384) >> 5, cl = lane & 7, rl = lane >> 3;
-      const int my_row = 16 * pw + (lane & 15);
-      slot_pipe spipe = slot_pipe_start(a, blk.req, blk.slot_row, blk.ks, blk.kend, my_row);
-      w_gather_q<KB>(a, q_s, blk.t, blk.grp * W_HEADS, pw, rl, cl);
-      const unsigned nb = w_gather_tiles<KB>(a, smem + L.mask + 64u, kv_s, full_b, spipe,
-                                             blk.req, blk.slot_row, blk.ks, blk.kend, ntiles,
-                                             0u, pw, rl, cl, my_row);
-      if (blk.grp == 0) bad += nb;
-    }
-  } else if (wg == 2) { /* the scorer */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 136;\n" ::: "memory");
-    float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f}, m_top[2] = {NEG_INF, NEG_INF};
-    const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask + 64);
-    uint32_t qd = q_s;
-    float s[32];
-    uint32_t pa[16];
-#pragma unroll 1
-    for (int j = 0; j < ntiles; j++) {
-      const uint32_t st = (uint32_t)j & 1u, par = ((uint32_t)j >> 1) & 1u;
-      const uint32_t kvb = kv_s + st * TILE;
-      const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
-      mbar_wait(full_b + 8u * st, par); /* tile j (and Q) */
-      fence_proxy_async();
-      const uint64_t um = umask[st] >> (2 * tig);
-      asm volatile("mov.u32 %0, %0;" : "+r"(qd)); /* descriptors not hoisted */
-      wg_s_issue<64, KB>(s, qd, W_KB_BYTES, kvb, W_KB_BYTES);
-      wg_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 32; i++) wg_pin(s[i]);
-      float alpha[2], lsum[2];
-      bool moved;
-      w11_own_softmax(a, s, um, m_run, m_top, pa, alpha, lsum, moved);
-#pragma unroll
-      for (int n = 0; n < 8; n++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++)
-          *(uint32_t *)(smem + (pblk - sbase) + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
-      if (tig == 0)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) xa[st * 64u + r0 + 8 * hh] = alpha[hh];
-      fence_proxy_async(); /* P visible to the accumulators' wgmma */
-      mbar_arrive(pready_b + 8u * st);
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
-    }
-    /* The row's (l, m, top) for the accumulators' epilogue (red[64 + row]: v11's second
-     * warpgroup's share of l, 0 here). */
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      float l = l_run[hh];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int row = r0 + 8 * hh;
-      if (tig == 0)
-        red[row] = l, red[64 + row] = 0.0f, rowmax_s[row] = m_run[hh], rowtop_s[row] = m_top[hh];
-    }
-    named_bar_arrive(2, 384);
-  } else { /* the accumulators: O[:, 256 wg ..] */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 168;\n" ::: "memory");
-    float O[2][64];
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-      for (int i = 0; i < 64; i++) O[h][i] = 0.0f;
-#pragma unroll 1
-    for (int j = 0; j < ntiles; j++) {
-      const uint32_t st = (uint32_t)j & 1u, par = ((uint32_t)j >> 1) & 1u;
-      const uint32_t kvb = kv_s + st * TILE;
-      const uint32_t pblk = DR ? kvb + 8u * W_KB_BYTES : sbase + L.p + st * W_KB_BYTES;
-      mbar_wait(pready_b + 8u * st, par); /* P(j), alpha(j); tile j landed before it */
-      fence_proxy_async();
-      float f[2];
-      bool moved = false;
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        f[hh] = xa[st * 64u + r0 + 8 * hh];
-        moved |= !(f[hh] == 1.0f); /* NaN moves */
-      }
-      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
-      w11_pv_ss(O, pblk, kvb, wg);
-      wg_wait<0>();
-      w11_pin_o(O);
-      __syncwarp(); /* every lane's read of xa before the release */
-      if (lane == 0) mbar_arrive(empty_b + 8u * st);
-    }
-    griddep_launch_dependents();
-    named_bar_sync(2, 384); /* the scorer's (l, m, top); both PVs of the last tile done */
-
-    /* ---- epilogue (one split): v11's staged rows ---- */
-    float *ost = (float *)(smem + L.kv);
-    void **dst_s = (void **)(smem + L.q);
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const int row = r0 + 8 * hh, head = blk.grp * W_HEADS + row;
-      const bool writer = wg == 0 && tig == 0;
-      if (head >= a.num_heads) {
-        if (writer) dst_s[row] = NULL;
-        continue;
-      }
-      const fwd_row_out r = fwd_row_epilogue(a, blk.t, 0, head, red[row], rowmax_s[row],
-                                             rowtop_s[row], writer);
-      if (writer) dst_s[row] = r.out;
-      const int col0 = 256 * wg + 2 * tig;
-#pragma unroll
-      for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int nb = 0; nb < 16; nb++)
-          *(float2 *)(ost + row * W_OST_STRIDE + col0 + 128 * h + 8 * nb) =
-              make_float2(O[h][4 * nb + 2 * hh] * r.f, O[h][4 * nb + 2 * hh + 1] * r.f);
-    }
-    named_bar_sync(1, W_THREADS);
-    w_store_rows(a, ost, dst_s, tid >> 5, W_HEADS, W_THREADS / 32);
-  }
-  fwd_count_bad(a, 0, bad);
-}
-#endif /* SMLA_FWD90_SCORER */
 
 /* ---- small heads: swap-AB tiles, N <= 32 (SMLA_FWD90_SMALL) -----------------------------
  * One block per (row t, split), HG = 8, 16 or 32 heads (the fewest that hold N), no matrix
@@ -1349,7 +1164,6 @@ extern "C" int smla_cuda_fwd90_small_heads(int num_heads) {
 /* The tile loop a plan with hb heads a block runs (smla_plan_describe). */
 extern "C" const char *smla_cuda_fwd90_variant(int hb) {
   if (hb < 64) return "swap-AB small-head tiles (heads on the wgmma N axis)";
-  if (SMLA_FWD90_SCORER) return "tile loop v22 (scorer) at one split, v11 (relay) for splits";
   return SMLA_FWD90_PERSIST == 1 ? "tile loop v11 (relay), one split as a persistent grid"
                                  : "tile loop v11 (relay)";
 }
@@ -1373,23 +1187,7 @@ static const void *w_kernel(int dr, int hb) {
   return dr == 64 ? (const void *)fwd90_kernel<64> : (const void *)fwd90_kernel<0>;
 }
 
-/* v22 (SMLA_FWD90_SCORER) runs the 64-head kernel's plans of one split without a cluster
- * merge; v11 / v14 the rest. */
-static const void *w_kernel_v22(int dr) {
-#if SMLA_FWD90_SCORER
-  return dr == 64 ? (const void *)fwd90_v22_kernel<64> : (const void *)fwd90_v22_kernel<0>;
-#else
-  (void)dr;
-  return NULL;
-#endif
-}
-
 extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int hb, int max_smem) {
-  if (hb == 64 && w_kernel_v22(dr)) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        w_kernel_v22(dr), cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
-    if (e != cudaSuccess) return e;
-  }
   return cudaFuncSetAttribute(w_kernel(dr, hb), cudaFuncAttributeMaxDynamicSharedMemorySize,
                               max_smem);
 }
@@ -1443,19 +1241,14 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fw
   if (C && (a->num_splits < 2 || a->num_splits > 8 || C != a->num_splits))
     return cudaErrorInvalidValue; /* one cluster a row */
   if (hb < 64 && smla_cuda_fwd90_small_heads(hb) != hb) return cudaErrorInvalidValue;
-  cudaLaunchAttribute attr[2];
-  void *args[1] = {(void *)a};
-  if (hb == 64 && a->num_splits == 1 && !C && w_kernel_v22(dr)) {
-    cudaLaunchConfig_t c = w_config((unsigned)blocks, 512u, smla_cuda_fwd90_smem_bytes(dr, hb),
-                                    1, a->pdl, stream, attr);
-    return cudaLaunchKernelExC(&c, w_kernel_v22(dr), args);
-  }
   int64_t grid = blocks; /* the persistent grid: at most one block a resident slot */
   if (SMLA_FWD90_PERSIST == 1 && hb == 64 && a->num_splits == 1 && !a->cluster_merge &&
       a->resident_blocks > 0 && grid > a->resident_blocks)
     grid = a->resident_blocks;
+  cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t c = w_config((unsigned)grid, hb < 64 ? 256u : (unsigned)W_BLOCK,
                                   smla_cuda_fwd90_smem_bytes(dr, hb),
                                   C ? C : 1, a->pdl, stream, attr);
+  void *args[1] = {(void *)a};
   return cudaLaunchKernelExC(&c, w_kernel(dr, hb), args);
 }

@@ -189,12 +189,6 @@ __device__ __forceinline__ void named_bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
-/* bar.arrive id, n: this thread's arrival on named barrier id of n threads, without waiting
- * (the others bar.sync on it). */
-__device__ __forceinline__ void named_bar_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
 /* The cluster barrier and distributed shared-memory loads: ptx.cuh. */
 
 #endif /* SMLA_CUDA_SM90_WGMMA_CUH */
