@@ -18,6 +18,13 @@
  *               same bytes in flight in finer steps
  *   cpasync32x2 the same, two blocks per SM (each half the shared memory): does a second
  *               block's requests lift the per-SM rate (a per-block limit) or not (DRAM)?
+ *   cpasync2wg  64-row tiles copied by 256 threads (two gather warpgroups) of one block:
+ *               is the second block's lift (cpasync32x2) a matter of threads issuing, which
+ *               one block can have too?
+ *   mixed       one block of 128 threads: rows 0-31 of each tile by cp.async (64 threads),
+ *               rows 32-63 by one cp.async.bulk a row (a warp), both landing on the stage's
+ *               mbarrier: does the copy engine add its rate to the load path's, so that one
+ *               SM brings a tile in well under cp.async's ~1.6 us?
  * for 1, 16, 66 and all SMs (x2 blocks for cpasync32x2). Prints microseconds per run, TB/s of rows delivered into
  * shared memory (multicast: both copies counted) and of rows read from memory, and the
  * per-SM rate, beside the device-to-device copy ceiling of the same run.
@@ -44,11 +51,12 @@
   } while (0)
 
 enum { WAY_CPASYNC, WAY_CPASYNC256, WAY_BULK, WAY_MULTICAST2, WAY_CPASYNC32, WAY_CPASYNC32X2,
-       NUM_WAYS };
+       WAY_CPASYNC2WG, WAY_MIXED, NUM_WAYS };
 static const char *way_name[NUM_WAYS] = {"cpasync",   "cpasync256", "bulk",
-                                         "multicast2", "cpasync32",  "cpasync32x2"};
-static const int way_rows[NUM_WAYS] = {ROWS, ROWS, ROWS, ROWS, 32, 32}; /* rows a tile */
-static const int way_per_sm[NUM_WAYS] = {1, 1, 1, 1, 1, 2};            /* blocks an SM */
+                                         "multicast2", "cpasync32",  "cpasync32x2",
+                                         "cpasync2wg", "mixed"};
+static const int way_rows[NUM_WAYS] = {ROWS, ROWS, ROWS, ROWS, 32, 32, ROWS, ROWS}; /* a tile */
+static const int way_per_sm[NUM_WAYS] = {1, 1, 1, 1, 1, 2, 1, 1};                 /* an SM */
 
 typedef struct gather_args {
   const uint8_t *pool;
@@ -133,7 +141,8 @@ __device__ __forceinline__ unsigned touch(const uint8_t *stage, int row_bytes, i
 template <int HINT>
 __device__ __forceinline__ void cpasync_issue(const gather_args &a, const int32_t *idx,
                                               uint8_t *smem, int tile) {
-  const int tpr = THREADS / a.rows, tid = threadIdx.x, r = tid / tpr, chunks = a.row_bytes / 16;
+  const int tpr = (int)blockDim.x / a.rows, tid = threadIdx.x, r = tid / tpr;
+  const int chunks = a.row_bytes / 16;
   const uint8_t *src = a.pool + (size_t)idx[tile * a.rows + r] * a.row_bytes;
   const uint32_t dst =
       sa(smem + (size_t)(tile % a.stages) * a.rows * a.row_bytes + (size_t)r * a.row_bytes);
@@ -150,7 +159,7 @@ __device__ __forceinline__ void cpasync_issue(const gather_args &a, const int32_
 }
 
 template <int HINT>
-__global__ void __launch_bounds__(THREADS, 1) gather_cpasync(const gather_args a) {
+__global__ void __launch_bounds__(2 * THREADS, 1) gather_cpasync(const gather_args a) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int32_t *idx = a.idx + (size_t)blockIdx.x * a.tiles * a.rows;
   unsigned acc = 0;
@@ -235,6 +244,53 @@ __global__ void __launch_bounds__(THREADS, 1) gather_bulk(const gather_args a) {
   if (acc == 0x9e3779b9u) atomicAdd(a.sink, 1ull);
 }
 
+/* mixed: warps 0-1 copy rows 0-31 of a tile by cp.async (2 threads a row, each arriving on
+ * the stage's full barrier once its copies land: cp.async.mbarrier.arrive.noinc), warp 2
+ * rows 32-63 by one cp.async.bulk a row (its lane 0 posts the bytes with expect_tx). full[s]
+ * counts the 64 cp.async threads and the one expect_tx arrival. */
+__device__ __forceinline__ void mixed_issue(const gather_args &a, const int32_t *idx,
+                                            uint8_t *smem, uint64_t *full, int tile) {
+  const int tid = threadIdx.x, s = tile % a.stages;
+  const uint32_t bar = sa(&full[s]);
+  uint8_t *st = smem + (size_t)s * ROWS * a.row_bytes;
+  if (tid < 64) {
+    const int r = tid >> 1, chunks = a.row_bytes / 16;
+    const uint8_t *src = a.pool + (size_t)idx[tile * ROWS + r] * a.row_bytes;
+    const uint32_t dst = sa(st + (size_t)r * a.row_bytes);
+    for (int c = tid & 1; c < chunks; c += 2)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + 16 * c),
+                   "l"(src + 16 * c)
+                   : "memory");
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+  } else if (tid < 96) {
+    const int lane = tid & 31, r = 32 + lane;
+    if (lane == 0) mbar_expect_tx(bar, 32u * (uint32_t)a.row_bytes);
+    __syncwarp();
+    bulk_row(sa(st + (size_t)r * a.row_bytes),
+             a.pool + (size_t)idx[tile * ROWS + r] * a.row_bytes, (uint32_t)a.row_bytes, bar);
+  }
+}
+
+__global__ void __launch_bounds__(THREADS, 1) gather_mixed(const gather_args a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ __align__(8) uint64_t full[4];
+  const int tid = threadIdx.x;
+  const int32_t *idx = a.idx + (size_t)blockIdx.x * a.tiles * ROWS;
+  if (tid == 0)
+    for (int s = 0; s < a.stages; s++) mbar_init(sa(&full[s]), 65);
+  __syncthreads();
+  unsigned acc = 0;
+  for (int t = 0; t < a.stages && t < a.tiles; t++) mixed_issue(a, idx, smem, full, t);
+  for (int t = 0; t < a.tiles; t++) {
+    const int s = t % a.stages;
+    mbar_wait(sa(&full[s]), (uint32_t)(t / a.stages) & 1u);
+    acc += touch(smem + (size_t)s * ROWS * a.row_bytes, a.row_bytes, ROWS);
+    __syncthreads(); /* every thread is done with the stage */
+    if (t + a.stages < a.tiles) mixed_issue(a, idx, smem, full, t + a.stages);
+  }
+  if (acc == 0x9e3779b9u) atomicAdd(a.sink, 1ull);
+}
+
 static int cmp_float(const void *x, const void *y) {
   const float a = *(const float *)x, b = *(const float *)y;
   return (a > b) - (a < b);
@@ -254,6 +310,10 @@ static float run_way(int way, int blocks, int stages, const gather_args *a, int 
     CK(cudaEventRecord(e0));
     if (way == WAY_CPASYNC || way == WAY_CPASYNC32 || way == WAY_CPASYNC32X2) {
       gather_cpasync<0><<<blocks, THREADS, smem>>>(*a);
+    } else if (way == WAY_CPASYNC2WG) {
+      gather_cpasync<0><<<blocks, 2 * THREADS, smem>>>(*a);
+    } else if (way == WAY_MIXED) {
+      gather_mixed<<<blocks, THREADS, smem>>>(*a);
     } else if (way == WAY_CPASYNC256) {
       gather_cpasync<1><<<blocks, THREADS, smem>>>(*a);
     } else if (way == WAY_BULK) {
@@ -325,6 +385,8 @@ int main(int argc, char **argv) {
                           (int)prop.sharedMemPerBlockOptin));
   CK(cudaFuncSetAttribute(gather_cpasync<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           (int)prop.sharedMemPerBlockOptin));
+  CK(cudaFuncSetAttribute(gather_mixed, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)prop.sharedMemPerBlockOptin - 1024));
   CK(cudaFuncSetAttribute(gather_bulk<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           (int)prop.sharedMemPerBlockOptin - 1024));
   CK(cudaFuncSetAttribute(gather_bulk<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
