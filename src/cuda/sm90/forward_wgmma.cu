@@ -528,15 +528,16 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
 }
 
 
-/* A gather warp's copies of its 16 rows of a tile (KB column blocks) into the stage at
- * base: 4 rows an instruction, lane (rl, cl) chunk cl of row 4 rg + rl; the slot sc and
- * used bit u_mine of row 16 pw + r sit in lane r (and r + 16). */
-template <int KB>
+/* A gather warp's copies of its RPW (16, or 8 with two gather warpgroups) rows of a tile
+ * (KB column blocks) into the stage at base: 4 rows an instruction, lane (rl, cl) chunk cl
+ * of row 4 rg + rl; the slot sc and used bit u_mine of row RPW pw + r sit in lane r (and
+ * r + RPW, ..). */
+template <int KB, int RPW>
 __device__ __forceinline__ void w_gather_rows(const smla_cuda_fwd_args &a, uint32_t base,
                                               int pw, int rl, int cl, int32_t sc, int u_mine) {
 #pragma unroll 1
-  for (int rg = 0; rg < 4; rg++) {
-    const int rr = 4 * rg + rl, row = 16 * pw + rr;
+  for (int rg = 0; rg < RPW / 4; rg++) {
+    const int rr = 4 * rg + rl, row = RPW * pw + rr;
     const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
     const int u = __shfl_sync(0xffffffffu, u_mine, rr);
     const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
@@ -585,19 +586,21 @@ __device__ __forceinline__ void w_store_rows(const smla_cuda_fwd_args &a, const 
   }
 }
 
-/* The gather warpgroup's tile loop (both sm90 kernels): warp pw copies rows 16 pw.. of tile j
- * (the block's tile g0 + j: g0 tiles of earlier units came before it) into stage (g0 + j) % 2
- * (kv_s + stage * KB * 8 KB) once that stage's readers have released it (empty, 16 bytes
- * after full), after publishing its 16 used-entry bits of the tile in the
- * stage's word at mask_p (one arrival a warp on full), then arrives on full once its own
- * copies have landed. Returns this thread's bad-slot count (lanes < 16: each row once). */
-template <int KB>
+/* The gather warpgroups' tile loop (both sm90 kernels): warp pw copies rows RPW pw.. (RPW
+ * 16, or 8 with two gather warpgroups) of tile j (the block's tile g0 + j: g0 tiles of
+ * earlier units came before it) into stage (g0 + j) % 2 (kv_s + stage * KB * 8 KB) once
+ * that stage's readers have released it (empty, 16 bytes after full), after publishing its
+ * RPW used-entry bits of the tile in the stage's word at mask_p (one arrival a warp on
+ * full), then arrives on full once its own copies have landed. Returns this thread's
+ * bad-slot count (lanes < RPW: each row once). */
+template <int KB, int RPW>
 __device__ __forceinline__ unsigned w_gather_tiles(const smla_cuda_fwd_args &a, uint8_t *mask_p,
                                                    uint32_t kv_s, uint32_t full_b,
                                                    slot_pipe &spipe, int32_t req,
                                                    const int32_t *slot_row, int ks, int kend,
                                                    int ntiles, uint32_t g0, int pw, int rl,
                                                    int cl, int my_row) {
+  static_assert(RPW == 16 || RPW == 8, "a gather warp copies 16 or 8 rows of a tile");
   const uint32_t empty_b = full_b + 16u;
   const int lane = threadIdx.x & 31;
   unsigned bad = 0;
@@ -612,15 +615,18 @@ __device__ __forceinline__ unsigned w_gather_tiles(const smla_cuda_fwd_args &a, 
     const int32_t sc = slot_pipe_next(spipe, a, req, slot_row, ks, kend, j, my_row);
     unsigned nb = 0;
     const int u_mine = entry_used(a, sc, ks + j * FWD_BN + my_row, kend, 0, &nb);
-    bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
-    { /* bits 16 pw..16 pw + 15 of the stage's used-entry word */
-      const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & 0xffffu;
+    bad += lane < RPW ? nb : 0u; /* the other lanes hold the same rows again */
+    { /* bits RPW pw..RPW pw + RPW - 1 of the stage's used-entry word */
+      const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & ((1u << RPW) - 1u);
       if (lane == 0) {
-        *(volatile uint16_t *)(mask_p + 8u * st + 2u * (uint32_t)pw) = (uint16_t)bits;
+        if (RPW == 16)
+          *(volatile uint16_t *)(mask_p + 8u * st + 2u * (uint32_t)pw) = (uint16_t)bits;
+        else
+          *(volatile uint8_t *)(mask_p + 8u * st + (uint32_t)pw) = (uint8_t)bits;
         mbar_arrive(full_b + 8u * st);
       }
     }
-    w_gather_rows<KB>(a, kv_s + st * (uint32_t)(KB * W_KB_BYTES), pw, rl, cl, sc, u_mine);
+    w_gather_rows<KB, RPW>(a, kv_s + st * (uint32_t)(KB * W_KB_BYTES), pw, rl, cl, sc, u_mine);
     /* This thread's arrival, once its copies have landed. */
     mbar_arrive_cp_async_noinc(full_b + 8u * st);
   }
@@ -698,7 +704,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
           cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, blk.t, head, 8 * cb + cl),
                       head < a.num_heads ? 16 : 0);
       }
-      const unsigned nb = w_gather_tiles<KB>(a, smem + L.mask + 64u, kv_s, full_b, spipe,
+      const unsigned nb = w_gather_tiles<KB, 16>(a, smem + L.mask + 64u, kv_s, full_b, spipe,
                                              blk.req, blk.slot_row, blk.ks, blk.kend,
                                              blk.ntiles, g0, pw, rl, cl, my_row);
       if (blk.grp == 0) bad += nb;
@@ -901,6 +907,17 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #ifndef SMLA_FWD90S_MERGE
 #define SMLA_FWD90S_MERGE 0
 #endif
+/* SMLA_FWD90S_GATHER_WGS (session 27): the small-head kernel's gather warpgroups at 8 and 16
+ * heads a block. 2: two, 8 rows of a tile a warp (384 threads a block); 1: one, 16 rows a
+ * warp (256). One SM alone brings a 64-row tile in 1.25 us with 256 gather threads against
+ * 1.72 with 128 (H100, bench/gather.cu, bench/RESULTS.md session 27 call 4), and at few rows
+ * (decode) a block's tile waits on its gathers. 32 heads a block keep one (the compute
+ * warpgroup's O^T needs the registers). */
+#ifndef SMLA_FWD90S_GATHER_WGS
+#define SMLA_FWD90S_GATHER_WGS 1
+#endif
+#define WS_GWG(hg) ((hg) <= 16 ? SMLA_FWD90S_GATHER_WGS : 1)
+#define WS_BLOCK(hg) (128 + 128 * WS_GWG(hg))
 #if SMLA_FWD90_SMALL
 
 struct ws_layout {
@@ -923,8 +940,10 @@ __host__ __device__ constexpr ws_layout ws_layout_of(int dr, int hg) {
 static_assert(ws_layout_of(64, 32).total + 1024u <= 232448u, "small-head layout");
 
 template <int DR, int HG>
-__global__ void __launch_bounds__(256, 1)
+__global__ void __launch_bounds__(WS_BLOCK(HG), 1)
     fwd90s_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
+  constexpr int GWG = WS_GWG(HG);  /* gather warpgroups */
+  constexpr int RPW = 16 / GWG;    /* rows of a tile a gather warp copies */
   constexpr int KB = (512 + DR) / 64;
   constexpr uint32_t TILE = KB * W_KB_BYTES;
   constexpr uint32_t QB = HG * 128; /* a Q block: [HG rows][128 B] */
@@ -958,25 +977,28 @@ __global__ void __launch_bounds__(256, 1)
   const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv, p_s = sbase + L.p;
   const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u;
   if (tid == 0) {
-    /* full: the 128 gather threads' copies and one arrival a gather warp (its mask bits);
+    /* full: the gather threads' copies and one arrival a gather warp (its mask bits);
      * empty: the 128 compute threads, each for its own reads of the stage's mask word
      * (racecheck does not order the other lanes' reads before lane 0's arrival, and with
      * one arrival a warp flagged the mask writes of tile j + 2: session 17 call 1). */
-    mbar_init(full_b, 132), mbar_init(full_b + 8u, 132);
+    constexpr uint32_t NFULL = 128u * GWG + 4u * GWG;
+    mbar_init(full_b, NFULL), mbar_init(full_b + 8u, NFULL);
     mbar_init(empty_b, 128), mbar_init(empty_b + 8u, 128);
   }
   __syncthreads();
   if (tid >= 128) {
-    /* The gather warpgroup, as the 64-head kernel's: warp pw, rows 16 pw.. of each tile;
-     * Q's HG rows first, tile 0's slots before them. */
+    /* The gather warpgroups, as the 64-head kernel's: warp pw, rows RPW pw.. of each
+     * tile; Q's HG rows first, tile 0's slots before them. With two, the 384 threads
+     * start at 168 registers: the gathers give theirs to the compute warpgroup. */
+    if (GWG == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
     if (ntiles > 0) {
       const int pw = (tid - 128) >> 5, cl = lane & 7, rl = lane >> 3;
-      const int my_row = 16 * pw + (lane & 15);
+      const int my_row = RPW * pw + (lane & (RPW - 1));
       slot_pipe spipe = slot_pipe_start(a, blk.req, blk.slot_row, ks, kend, my_row);
-      /* Q's rows spread over the 4 warps (4 a warp an instruction): at T = 1 its copies
-       * and tile 0's are the block's first round trip. */
+      /* Q's rows spread over the gather warps (4 a warp an instruction): at T = 1 its
+       * copies and tile 0's are the block's first round trip. */
 #pragma unroll 1
-      for (int row = 4 * pw + rl; row < HG; row += 16) {
+      for (int row = 4 * pw + rl; row < HG; row += 16 * GWG) {
         const int head = h0 + row;
 #pragma unroll 1
         for (int cb = 0; cb < KB; cb++) {
@@ -985,10 +1007,11 @@ __global__ void __launch_bounds__(256, 1)
                       q_chunk_src(a, t, head, c), head < a.num_heads ? 16 : 0);
         }
       }
-      bad = w_gather_tiles<KB>(a, smem + L.mask + 64u, kv_s, full_b, spipe, blk.req,
+      bad = w_gather_tiles<KB, RPW>(a, smem + L.mask + 64u, kv_s, full_b, spipe, blk.req,
                                blk.slot_row, ks, kend, ntiles, 0u, pw, rl, cl, my_row);
     }
   } else {
+    if (GWG == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
 #define WS_SYNC() named_bar_sync(1, 128)
     /* O^T: [8 blocks of 64 output columns][n8 block n, e]: output column 64 mt + r0 +
      * 8 (e >> 1) of head 8 n + 2 tig + (e & 1). Per head (n, c = e & 1): m_run (the max
@@ -1227,7 +1250,8 @@ extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int hb, int spli
   *clusters = 0;
   if (splits < 2 || splits > 8 || (hb < 64 && !SMLA_FWD90S_MERGE)) return cudaSuccess;
   cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t c = w_config((unsigned)splits, hb < 64 ? 256u : (unsigned)W_BLOCK,
+  cudaLaunchConfig_t c = w_config((unsigned)splits,
+                                  hb < 64 ? (unsigned)WS_BLOCK(hb) : (unsigned)W_BLOCK,
                                   smla_cuda_fwd90_smem_bytes(dr, hb), splits, 0, NULL, attr);
   return cudaOccupancyMaxActiveClusters(clusters, w_kernel(dr, hb), &c);
 }
@@ -1246,7 +1270,8 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fw
       a->resident_blocks > 0 && grid > a->resident_blocks)
     grid = a->resident_blocks;
   cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t c = w_config((unsigned)grid, hb < 64 ? 256u : (unsigned)W_BLOCK,
+  cudaLaunchConfig_t c = w_config((unsigned)grid,
+                                  hb < 64 ? (unsigned)WS_BLOCK(hb) : (unsigned)W_BLOCK,
                                   smla_cuda_fwd90_smem_bytes(dr, hb),
                                   C ? C : 1, a->pdl, stream, attr);
   void *args[1] = {(void *)a};
