@@ -21,6 +21,9 @@
  *   cpasync2wg  64-row tiles copied by 256 threads (two gather warpgroups) of one block:
  *               is the second block's lift (cpasync32x2) a matter of threads issuing, which
  *               one block can have too?
+ *   cpasync3wg  the same by 384 threads (6 a row): v23's gathers, where the two
+ *               accumulator warpgroups refill their own column blocks beside the gather
+ *               warpgroup (docs/design/cuda-sm90-forward.md, v23)
  *   mixed       one block of 128 threads: rows 0-31 of each tile by cp.async (64 threads),
  *               rows 32-63 by one cp.async.bulk a row (a warp), both landing on the stage's
  *               mbarrier: does the copy engine add its rate to the load path's, so that one
@@ -51,12 +54,13 @@
   } while (0)
 
 enum { WAY_CPASYNC, WAY_CPASYNC256, WAY_BULK, WAY_MULTICAST2, WAY_CPASYNC32, WAY_CPASYNC32X2,
-       WAY_CPASYNC2WG, WAY_MIXED, NUM_WAYS };
+       WAY_CPASYNC2WG, WAY_MIXED, WAY_CPASYNC3WG, NUM_WAYS };
 static const char *way_name[NUM_WAYS] = {"cpasync",   "cpasync256", "bulk",
                                          "multicast2", "cpasync32",  "cpasync32x2",
-                                         "cpasync2wg", "mixed"};
-static const int way_rows[NUM_WAYS] = {ROWS, ROWS, ROWS, ROWS, 32, 32, ROWS, ROWS}; /* a tile */
-static const int way_per_sm[NUM_WAYS] = {1, 1, 1, 1, 1, 2, 1, 1};                 /* an SM */
+                                         "cpasync2wg", "mixed",      "cpasync3wg"};
+/* rows a tile, and blocks an SM */
+static const int way_rows[NUM_WAYS] = {ROWS, ROWS, ROWS, ROWS, 32, 32, ROWS, ROWS, ROWS};
+static const int way_per_sm[NUM_WAYS] = {1, 1, 1, 1, 1, 2, 1, 1, 1};
 
 typedef struct gather_args {
   const uint8_t *pool;
@@ -159,7 +163,7 @@ __device__ __forceinline__ void cpasync_issue(const gather_args &a, const int32_
 }
 
 template <int HINT>
-__global__ void __launch_bounds__(2 * THREADS, 1) gather_cpasync(const gather_args a) {
+__global__ void __launch_bounds__(3 * THREADS, 1) gather_cpasync(const gather_args a) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int32_t *idx = a.idx + (size_t)blockIdx.x * a.tiles * a.rows;
   unsigned acc = 0;
@@ -312,6 +316,8 @@ static float run_way(int way, int blocks, int stages, const gather_args *a, int 
       gather_cpasync<0><<<blocks, THREADS, smem>>>(*a);
     } else if (way == WAY_CPASYNC2WG) {
       gather_cpasync<0><<<blocks, 2 * THREADS, smem>>>(*a);
+    } else if (way == WAY_CPASYNC3WG) {
+      gather_cpasync<0><<<blocks, 3 * THREADS, smem>>>(*a);
     } else if (way == WAY_MIXED) {
       gather_mixed<<<blocks, THREADS, smem>>>(*a);
     } else if (way == WAY_CPASYNC256) {

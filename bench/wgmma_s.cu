@@ -11,6 +11,9 @@
  *   n64    36 wgmma m64n64k16 a 64-entry tile (v11's S)
  *   n32    2 x 36 wgmma m64n32k16 a 64 entries (two 32-row tiles, each its own commit and
  *          wait: the S of the rebuild)
+ *   n48    36 wgmma m64n48k16 a 48-entry tile (rows 0-47 of the stack; v23's S, all 36
+ *          k-steps with Q from shared memory), its PVs 3 k-steps; times reported per 64
+ *          entries (x 64 / 48)
  * with one warpgroup issuing (the other idle: S alone on the tensor cores), both (two S
  * streams at once, the most S ever overlaps with S), or a tile's tensor work as the forward
  * has it: warpgroup 0 issues S, then both add P V to their 256 output columns (8 wgmma
@@ -44,8 +47,20 @@
     }                                                                                      \
   } while (0)
 
-/* O[:, 256 wg + ...] += P V, P [64][64] at p_s (K-major), V the 64 rows at v_s (MN-major):
- * the forward's cross PV (w11_pv_ss), one commit group. */
+/* wgmma m64n48k16, both operands K-major in shared memory (v23's S of 48-row tiles). */
+__device__ __forceinline__ void wgmma_m64n48k16_ss(float d[24], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,"
+      "%23}, %24, %25, p, 1, 1, 0, 0;\n}\n"
+      : WG_F8(d, 0), WG_F8(d, 8), WG_F8(d, 16)
+      : "l"(da), "l"(db), "n"(1));
+}
+
+/* O[:, 256 wg + ...] += P V over KS k-steps of 16 entries, P [64][16 KS] at p_s (K-major),
+ * V the rows at v_s (MN-major): the forward's cross PV (w11_pv_ss), one commit group. */
+template <int KS>
 __device__ __forceinline__ void pv_ss(float O[2][64], uint32_t p_s, uint32_t v_s, int wg) {
 #pragma unroll
   for (int h = 0; h < 2; h++)
@@ -53,7 +68,7 @@ __device__ __forceinline__ void pv_ss(float O[2][64], uint32_t p_s, uint32_t v_s
     for (int i = 0; i < 64; i++) wg_pin(O[h][i]);
   wg_fence();
 #pragma unroll
-  for (int k = 0; k < 4; k++)
+  for (int k = 0; k < KS; k++)
 #pragma unroll
     for (int h = 0; h < 2; h++)
       wgmma_m64n128k16_ss_tb(O[h], wg_desc(p_s + k * 32, 16, 1024),
@@ -68,20 +83,39 @@ __device__ __forceinline__ void pv_ss(float O[2][64], uint32_t p_s, uint32_t v_s
 template <int WAY>
 __device__ __forceinline__ float s_tile(uint32_t q_s, uint32_t k_s) {
   float s[32], acc = 0.0f;
+  if constexpr (WAY == 2) { /* one n48 tile */
 #pragma unroll
-  for (int half = 0; half < (WAY ? 2 : 1); half++) {
-    wg_s_issue<WAY ? 32 : 64, KB>(s, q_s, 8192u, k_s + (uint32_t)half * 4096u, 8192u);
+    for (int i = 0; i < 24; i++) s[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 24; i++) wg_pin(s[i]);
+    wg_fence();
+#pragma unroll
+    for (int kb = 0; kb < KB; kb++)
+#pragma unroll
+      for (int k4 = 0; k4 < 4; k4++)
+        wgmma_m64n48k16_ss(s, wg_desc(q_s + kb * 8192u + k4 * 32, 16, 1024),
+                           wg_desc(k_s + kb * 8192u + k4 * 32, 16, 1024));
+    wg_commit();
     wg_wait<0>();
 #pragma unroll
-    for (int i = 0; i < (WAY ? 16 : 32); i++) wg_pin(s[i]);
-    acc += s[0];
+    for (int i = 0; i < 24; i++) wg_pin(s[i]);
+    return s[0];
+  } else {
+#pragma unroll
+    for (int half = 0; half < (WAY ? 2 : 1); half++) {
+      wg_s_issue<WAY ? 32 : 64, KB>(s, q_s, 8192u, k_s + (uint32_t)half * 4096u, 8192u);
+      wg_wait<0>();
+#pragma unroll
+      for (int i = 0; i < (WAY ? 16 : 32); i++) wg_pin(s[i]);
+      acc += s[0];
+    }
+    return acc;
   }
-  return acc;
 }
 
-/* WAY: 0 n64, 1 n32; mode: 0 S by warpgroup 0 alone, 1 S by both, 2 a tile (S by warpgroup
- * 0, then both PVs, the two warpgroups in step by a barrier a tile). out: one float a
- * thread, so the accumulators stay live. */
+/* WAY: 0 n64, 1 n32, 2 n48; mode: 0 S by warpgroup 0 alone, 1 S by both, 2 a tile (S by
+ * warpgroup 0, then both PVs, the two warpgroups in step by a barrier a tile). out: one
+ * float a thread, so the accumulators stay live. */
 template <int WAY>
 __global__ void __launch_bounds__(256, 1) s_kernel(int mode, int iters, float *out) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -105,7 +139,7 @@ __global__ void __launch_bounds__(256, 1) s_kernel(int mode, int iters, float *o
     for (int it = 0; it < iters; it++) {
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
       if (wg == 0) acc += s_tile<WAY>(q_s, k_s);
-      pv_ss(O, q_s, k_s, wg);
+      pv_ss<WAY == 2 ? 3 : 4>(O, q_s, k_s, wg);
       wg_wait<0>();
 #pragma unroll
       for (int h = 0; h < 2; h++)
@@ -144,6 +178,7 @@ int main(int argc, char **argv) {
   CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   CK(cudaFuncSetAttribute(s_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
   CK(cudaFuncSetAttribute(s_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+  CK(cudaFuncSetAttribute(s_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
   float *out;
   CK(cudaMalloc(&out, (size_t)p.multiProcessorCount * 256 * sizeof(float)));
   cudaEvent_t e0, e1;
@@ -155,14 +190,16 @@ int main(int argc, char **argv) {
   printf("%-4s %-16s %6s %14s %10s\n", "way", "issuing", "SMs", "us/64 entries", "x floor");
   const int sms[2] = {1, p.multiProcessorCount};
   static const char *mode_name[3] = {"S, one WG", "S, both WGs", "tile (S + 2 PV)"};
-  for (int way = 0; way < 2; way++)
+  static const char *way_name[3] = {"n64", "n32", "n48"};
+  for (int way = 0; way < 3; way++)
     for (int mode = 0; mode < 3; mode++)
       for (int si = 0; si < 2; si++) {
         const double floor_us = (mode == 2 ? 2176.0 : 1152.0) / mhz;
         float best = 1e30f;
         for (int r = 0; r < reps + 1; r++) { /* the first run warms up */
           CK(cudaEventRecord(e0));
-          if (way) s_kernel<1><<<sms[si], 256, SMEM_BYTES>>>(mode, iters, out);
+          if (way == 2) s_kernel<2><<<sms[si], 256, SMEM_BYTES>>>(mode, iters, out);
+          else if (way) s_kernel<1><<<sms[si], 256, SMEM_BYTES>>>(mode, iters, out);
           else s_kernel<0><<<sms[si], 256, SMEM_BYTES>>>(mode, iters, out);
           CK(cudaEventRecord(e1));
           CK(cudaEventSynchronize(e1));
@@ -171,9 +208,9 @@ int main(int argc, char **argv) {
           CK(cudaEventElapsedTime(&ms, e0, e1));
           if (r > 0 && ms < best) best = ms;
         }
-        const double us = best * 1e3 / iters;
-        printf("%-4s %-16s %6d %14.3f %10.2f\n", way ? "n32" : "n64", mode_name[mode], sms[si],
-               us, us / floor_us);
+        const double us = best * 1e3 / iters * (way == 2 ? 64.0 / 48.0 : 1.0);
+        printf("%-4s %-16s %6d %14.3f %10.2f\n", way_name[way], mode_name[mode], sms[si], us,
+               us / floor_us);
       }
   CK(cudaFree(out));
   return 0;
