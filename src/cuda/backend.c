@@ -560,12 +560,18 @@ static smla_status fill_split_table(smla_plan *plan, const fwd_choice *c,
   return SMLA_OK;
 }
 
+/* Whether s splits merged in the kernel take R > 1 clusters a row: the generic kernel's last
+ * arriver, which needs the plan's merge counters and reads the other clusters' slices from
+ * partial rows (the sm90 kernels merge a row in one cluster: merge_cluster_of is s). */
+static int last_arriver_of(const fwd_choice *c, int s, int merged) {
+  return merged && merge_cluster_of(c, s) < s;
+}
+
 /* Whether s splits (merged: in the kernel) write partial rows to the workspace: through the
- * combine kernel, or merged in R > 1 clusters a row (the generic kernel's last arriver reads
- * the other clusters' slices from them); not when one cluster holds a row's splits (the
- * 64-head kernel's merge and every C = s merge read the staged O over DSMEM). */
+ * combine kernel, or for the last arriver; not when one cluster holds a row's splits (its
+ * blocks read each other's staged O over distributed shared memory). */
 static int partials_of(const fwd_choice *c, int s, int merged) {
-  return s > 1 && (!merged || merge_cluster_of(c, s) < s);
+  return s > 1 && (!merged || last_arriver_of(c, s, merged));
 }
 
 /* Workspace bytes per partial row (t, split): out [N][512] float + lse [N] + max [N]. */
@@ -887,13 +893,13 @@ static smla_status cuda_plan_init(smla_plan *plan, size_t *workspace_bytes) {
   int64_t crow = 0;
   if (!plan->split_table) {
     cap = partials_of(&c, s_one, merged_one) ? d->max_tokens * s_one : 0;
-    if (merged_one && !c.wide_merge && merge_cluster_of(&c, s_one) < s_one) crow = d->max_tokens;
+    if (last_arriver_of(&c, s_one, merged_one)) crow = d->max_tokens;
   } else {
     for (int64_t T = 1; T <= plan->split_rows; T++) {
       const int k = plan->split_table[T - 1] & ~SPLIT_MERGED;
       const int m = (plan->split_table[T - 1] & SPLIT_MERGED) != 0;
       if (partials_of(&c, k, m) && T * k > cap) cap = T * k;
-      if (m && !c.wide_merge && merge_cluster_of(&c, k) < k) crow = T;
+      if (last_arriver_of(&c, k, m)) crow = T;
     }
   }
   /* The grid is (row, head group, split) in one dimension of at most 2^31-1 blocks. */
@@ -1036,7 +1042,7 @@ static smla_status cuda_forward(smla_plan *plan, const smla_forward_params *p,
   a.cluster_merge = merged ? merge_cluster_of(&c, splits) : 0;
   a.pdl = plan->forward_pdl;
   a.resident_blocks = ((const cuda_state *)ctx->backend_state)->sm_count;
-  if (a.cluster_merge && a.cluster_merge < splits) { /* R > 1 clusters a row */
+  if (last_arriver_of(&c, splits, merged)) { /* R > 1 clusters a row */
     if (T > plan->counter_rows)
       return smla_set_error(ctx, SMLA_ERR_INTERNAL, "%s: T = %lld needs merge counters the "
                             "plan has for %lld rows only", fn, (long long)T,

@@ -705,8 +705,8 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
                       head < a.num_heads ? 16 : 0);
       }
       const unsigned nb = w_gather_tiles<KB, 16>(a, smem + L.mask + 64u, kv_s, full_b, spipe,
-                                             blk.req, blk.slot_row, blk.ks, blk.kend,
-                                             blk.ntiles, g0, pw, rl, cl, my_row);
+                                                 blk.req, blk.slot_row, blk.ks, blk.kend,
+                                                 blk.ntiles, g0, pw, rl, cl, my_row);
       if (blk.grp == 0) bad += nb;
       g0 += (uint32_t)blk.ntiles;
       nq++;
@@ -990,7 +990,8 @@ __global__ void __launch_bounds__(WS_BLOCK(HG), 1)
     /* The gather warpgroups, as the 64-head kernel's: warp pw, rows RPW pw.. of each
      * tile; Q's HG rows first, tile 0's slots before them. With two, the 384 threads
      * start at 168 registers: the gathers give theirs to the compute warpgroup. */
-    if (GWG == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    if constexpr (GWG == 2)
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
     if (ntiles > 0) {
       const int pw = (tid - 128) >> 5, cl = lane & 7, rl = lane >> 3;
       const int my_row = RPW * pw + (lane & (RPW - 1));
@@ -1008,10 +1009,11 @@ __global__ void __launch_bounds__(WS_BLOCK(HG), 1)
         }
       }
       bad = w_gather_tiles<KB, RPW>(a, smem + L.mask + 64u, kv_s, full_b, spipe, blk.req,
-                               blk.slot_row, ks, kend, ntiles, 0u, pw, rl, cl, my_row);
+                                    blk.slot_row, ks, kend, ntiles, 0u, pw, rl, cl, my_row);
     }
   } else {
-    if (GWG == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    if constexpr (GWG == 2)
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
 #define WS_SYNC() named_bar_sync(1, 128)
     /* O^T: [8 blocks of 64 output columns][n8 block n, e]: output column 64 mt + r0 +
      * 8 (e >> 1) of head 8 n + 2 tig + (e & 1). Per head (n, c = e & 1): m_run (the max
@@ -1215,6 +1217,11 @@ extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int hb, int max_smem) {
                               max_smem);
 }
 
+/* Threads a block of the kernel for hb heads a block. */
+static unsigned w_threads(int hb) {
+  return hb < 64 ? (unsigned)WS_BLOCK(hb) : (unsigned)W_BLOCK;
+}
+
 /* A launch configuration of the forward: clusters of `cluster` blocks (1: none), a
  * programmatic dependent when pdl. attr: room for 2 attributes. */
 static cudaLaunchConfig_t w_config(unsigned blocks, unsigned threads, uint32_t smem, int cluster,
@@ -1250,8 +1257,7 @@ extern "C" cudaError_t smla_cuda_fwd90_cluster_capacity(int dr, int hb, int spli
   *clusters = 0;
   if (splits < 2 || splits > 8 || (hb < 64 && !SMLA_FWD90S_MERGE)) return cudaSuccess;
   cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t c = w_config((unsigned)splits,
-                                  hb < 64 ? (unsigned)WS_BLOCK(hb) : (unsigned)W_BLOCK,
+  cudaLaunchConfig_t c = w_config((unsigned)splits, w_threads(hb),
                                   smla_cuda_fwd90_smem_bytes(dr, hb), splits, 0, NULL, attr);
   return cudaOccupancyMaxActiveClusters(clusters, w_kernel(dr, hb), &c);
 }
@@ -1270,8 +1276,7 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fw
       a->resident_blocks > 0 && grid > a->resident_blocks)
     grid = a->resident_blocks;
   cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t c = w_config((unsigned)grid,
-                                  hb < 64 ? (unsigned)WS_BLOCK(hb) : (unsigned)W_BLOCK,
+  cudaLaunchConfig_t c = w_config((unsigned)grid, w_threads(hb),
                                   smla_cuda_fwd90_smem_bytes(dr, hb),
                                   C ? C : 1, a->pdl, stream, attr);
   void *args[1] = {(void *)a};
