@@ -47,17 +47,6 @@
     }                                                                                      \
   } while (0)
 
-/* wgmma m64n48k16, both operands K-major in shared memory (v23's S of 48-row tiles). */
-__device__ __forceinline__ void wgmma_m64n48k16_ss(float d[24], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,"
-      "%23}, %24, %25, p, 1, 1, 0, 0;\n}\n"
-      : WG_F8(d, 0), WG_F8(d, 8), WG_F8(d, 16)
-      : "l"(da), "l"(db), "n"(1));
-}
-
 /* O[:, 256 wg + ...] += P V over KS k-steps of 16 entries, P [64][16 KS] at p_s (K-major),
  * V the rows at v_s (MN-major): the forward's cross PV (w11_pv_ss), one commit group. */
 template <int KS>

@@ -342,16 +342,18 @@ __device__ __forceinline__ void w11_cross_scale(const float *xmj, int r0, float 
 
 /* OWN(j), once S(j) is in s: logits scaled and masked (um: this thread's used bits), the
  * row max from m(j-1) (m_run becomes m(j)), P(j) to pa, and the factor alpha and the sums
- * lsum with which the caller moves l and O, once no PV into O is in flight. */
-__device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, float s[32],
+ * lsum with which the caller moves l and O, once no PV into O is in flight. NB: n8 column
+ * blocks of the tile (8: v11's 64 entries; 6: v23's 48). */
+template <int NB = 8>
+__device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, float s[4 * NB],
                                                 uint64_t um, float m_run[2], float m_top[2],
-                                                uint32_t pa[16], float alpha[2],
+                                                uint32_t pa[2 * NB], float alpha[2],
                                                 float lsum[2], bool &moved) {
   const float NEG_INF = -INFINITY;
   float tmax[2] = {NEG_INF, NEG_INF};
-  if (!SMLA_PROBE_NO_EXP) fwd_scale_logits<32>(s, a.logit_scale, a.softcap);
+  if (!SMLA_PROBE_NO_EXP) fwd_scale_logits<4 * NB>(s, a.logit_scale, a.softcap);
 #pragma unroll
-  for (int n = 0; n < 8; n++)
+  for (int n = 0; n < NB; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       float v = s[4 * n + e];
@@ -377,7 +379,7 @@ __device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, flo
     mls[hh] = use * FWD_LOG2E;
   }
 #pragma unroll
-  for (int n = 0; n < 8; n++)
+  for (int n = 0; n < NB; n++)
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
 #if SMLA_PROBE_NO_EXP
@@ -392,7 +394,7 @@ __device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, flo
     }
 #if SMLA_PROBE
 #pragma unroll
-  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+  for (int i = 0; i < 2 * NB; i++) asm volatile("" ::"r"(pa[i]) : "memory");
 #endif
 }
 
@@ -875,6 +877,376 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   fwd_count_bad(a, 0, bad);
 }
 
+/* ---- v23: three 48-row stages, the scorer ahead by a tile (session 28; SMLA_FWD90_V23;
+ * docs/design/cuda-sm90-forward.md, "v23") ----------------------------------------------
+ * v22 split the chain by role (a scorer warpgroup for S and the softmax, two accumulator
+ * warpgroups for P V) and lost because S(j + 1) could only start once tile j + 1 had
+ * landed in the stage tile j - 1 frees, so the scorer's softmax ran with nothing of its own
+ * on the tensor cores. v23 makes room for a third tile in flight: tiles of 48 entries (a
+ * stage is 9 column blocks of [48 rows][128 B], 54 KB), three stages (162 KB), and Q's last
+ * KB - 7 column blocks (the rope columns and 64 more at dr = 64) held in the scorer's
+ * registers as the A fragments of RS wgmma, so that Q keeps 56 KB of shared memory.
+ *   the scorer (warpgroup 2, 136 registers): for every tile j, wait for tile j + 1 and issue
+ *     S(j + 1) = Q K^T (28 wgmma m64n48k16 from shared memory, 4 (KB - 7) from registers),
+ *     then wait for S(j) (issued a step earlier), the softmax of tile j with its own row
+ *     state (v11's w11_own_softmax over 6 n8 blocks), P(j) (bf16, [64][48]) to the stage's P
+ *     block and each row's factor alpha(j) to xa, arrive on pready. S(j + 1) thus runs on
+ *     the tensor cores under softmax(j).
+ *   the accumulators (warpgroups 0 and 1, 160 registers): v22's: wait on pready, O *= alpha
+ *     where a row of the warp moved, O += P(j) V(j) (3 k-steps of 2 wgmma m64n128k16 from
+ *     shared memory), wait for it, release the stage (8 warp arrivals).
+ *   the gather warpgroup (3, 56 registers): Q's first 7 column blocks, then every tile into
+ *     stage j % 3 once tile j - 3's PVs are done, 12 rows a warp, and each warp's 12 used
+ *     bits (a 16-bit word a warp and stage).
+ * P's rows are 96 bytes, which no swizzle atom holds: P is laid out as 8-row x 16-byte core
+ * matrices without swizzle (v_p_off), in the stage's rope block at dr = 64 (only S reads it)
+ * or in a P block of its own at dr = 0. One split, no cluster merge, one unit a block; the
+ * plan's other shapes run v11 / v14. */
+#ifndef SMLA_FWD90_V23
+#define SMLA_FWD90_V23 0
+#endif
+#if SMLA_FWD90_V23
+#define V_ROWS 48                 /* entries a tile */
+#define V_KB_BYTES (V_ROWS * 128) /* one [48 rows][128 B] column block of a stage */
+#define V_QKB 7                   /* Q's column blocks in shared memory (the rest: registers) */
+#define V_BLOCK 512
+
+struct v_layout {
+  uint32_t q, kv, p, xa, red, rowmax, rowtop, mask, bar, total;
+};
+
+__host__ __device__ constexpr v_layout v_layout_of(int dr) {
+  v_layout l = {};
+  const uint32_t kb = (uint32_t)((512 + dr) / 64);
+  l.q = 0;
+  l.kv = V_QKB * W_KB_BYTES;
+  l.p = l.kv + 3u * kb * V_KB_BYTES; /* dr = 0: [3 stages] P blocks of 6 KB */
+  l.xa = dr ? l.p : l.p + 3u * V_KB_BYTES; /* [3 stages][64] float: alpha of the tile */
+  l.red = l.xa + 3u * 64u * 4u;            /* [2][64] float, as v11's */
+  l.rowmax = l.red + 2u * 64u * 4u;
+  l.rowtop = l.rowmax + 64u * 4u;
+  l.mask = l.rowtop + 64u * 4u; /* [3 stages][4 gather warps] uint16 used bits */
+  l.bar = l.mask + 32u;         /* mbarriers full[3], empty[3], pready[3] */
+  l.total = l.bar + 9u * 8u;
+  return l;
+}
+static_assert(v_layout_of(64).total + 1024u <= 232448u, "v23 layout, dr = 64");
+static_assert(v_layout_of(0).total + 1024u <= 232448u, "v23 layout, dr = 0");
+static_assert(W_HEADS * W_OST_STRIDE * 4 <= 3u * 8u * V_KB_BYTES, "v23's staged O: the stages");
+
+/* Byte offset of 16-byte chunk c of row r in a stage (128-byte swizzle, 6 KB blocks). */
+__device__ __forceinline__ uint32_t v_chunk(int r, int c) {
+  return (uint32_t)((c >> 3) * V_KB_BYTES + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/* Byte offset of P's element (row r, entry c) in the P block: core matrices of 8 rows x 8
+ * entries (128 contiguous bytes), the 8 row groups of entry group c / 8 in a 1 KB run. */
+__device__ __forceinline__ uint32_t v_p_off(int r, int c) {
+  return (uint32_t)((c >> 3) * 1024 + (r >> 3) * 128 + (r & 7) * 16 + (c & 7) * 2);
+}
+
+/* The raw index entry k of the row, or -1 past the end. */
+__device__ __forceinline__ int32_t v_raw(const int32_t *slot_row, int k, int kend) {
+  return k < kend ? __ldg(slot_row + k) : -1;
+}
+
+/* S = Q K^T of the stage at kvb into s (zeroed here): Q's first V_QKB blocks from shared
+ * memory, the rest from qa (this thread's A fragments, 4 registers a k-step). One commit
+ * group; the caller waits. */
+template <int KB>
+__device__ __forceinline__ void v_s_issue(float s[24], uint32_t q_s, uint32_t kvb,
+                                          const uint32_t *qa) {
+#pragma unroll
+  for (int i = 0; i < 24; i++) s[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 24; i++) wg_pin(s[i]);
+  wg_fence();
+#pragma unroll
+  for (int kb = 0; kb < V_QKB; kb++)
+#pragma unroll
+    for (int k4 = 0; k4 < 4; k4++)
+      wgmma_m64n48k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
+                         wg_desc(kvb + kb * V_KB_BYTES + k4 * 32, 16, 1024));
+#pragma unroll
+  for (int kb = V_QKB; kb < KB; kb++)
+#pragma unroll
+    for (int k4 = 0; k4 < 4; k4++)
+      wgmma_m64n48k16_rs(s, qa + 16 * (kb - V_QKB) + 4 * k4,
+                         wg_desc(kvb + kb * V_KB_BYTES + k4 * 32, 16, 1024));
+  wg_commit();
+}
+
+/* Where tile j is the last, one wgmma into nxt in place of S(j + 1), so that every path
+ * leaves the same accumulators in flight (else ptxas serializes every wgmma of the loop);
+ * its result is never read. */
+__device__ __forceinline__ void v_s_dummy(float s[24], uint32_t q_s) {
+#pragma unroll
+  for (int i = 0; i < 24; i++) s[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 24; i++) wg_pin(s[i]);
+  wg_fence();
+  wgmma_m64n48k16_ss(s, wg_desc(q_s, 16, 1024), wg_desc(q_s, 16, 1024));
+  wg_commit();
+}
+
+/* The scorer's step at tile j (stage st, phase parity par): S(j + 1) issued into nxt once
+ * its tile has landed, S(j) (in cur) waited for, its softmax, P(j) and alpha(j) out. */
+template <int KB, int DR>
+__device__ __forceinline__ void v_score_step(const smla_cuda_fwd_args &a, uint8_t *smem,
+                                             uint32_t sbase, const v_layout &L, int j,
+                                             int ntiles, uint32_t &st, uint32_t &par,
+                                             float cur[24], float nxt[24], const uint32_t *qa,
+                                             float m_run[2], float l_run[2], float m_top[2]) {
+  constexpr uint32_t TILE = KB * V_KB_BYTES;
+  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
+  const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
+  const uint32_t kv_s = sbase + L.kv, full_b = sbase + L.bar, pready_b = full_b + 48u;
+  const uint32_t st1 = st == 2u ? 0u : st + 1u, par1 = st == 2u ? par ^ 1u : par;
+  if (j + 1 < ntiles) {
+    mbar_wait(full_b + 8u * st1, par1); /* tile j + 1 */
+    fence_proxy_async();
+    v_s_issue<KB>(nxt, sbase + L.q, kv_s + st1 * TILE, qa);
+  } else {
+    v_s_dummy(nxt, sbase + L.q);
+  }
+  wg_wait<1>(); /* S(j) */
+#pragma unroll
+  for (int i = 0; i < 24; i++) wg_pin(cur[i]);
+  const uint32_t st0 = st;
+  st = st1, par = par1;
+  if (j >= ntiles) return; /* the pair's second step past an odd tile count */
+  const volatile uint16_t *mk = (const volatile uint16_t *)(smem + L.mask) + 4u * st0;
+  const uint64_t word = (uint64_t)mk[0] | ((uint64_t)mk[1] << 12) | ((uint64_t)mk[2] << 24) |
+                        ((uint64_t)mk[3] << 36);
+  uint32_t pa[12];
+  float alpha[2], lsum[2];
+  bool moved;
+  w11_own_softmax<6>(a, cur, word >> (2 * tig), m_run, m_top, pa, alpha, lsum, moved);
+  uint8_t *pb = DR ? smem + L.kv + st0 * TILE + 8u * V_KB_BYTES : smem + L.p + st0 * V_KB_BYTES;
+#pragma unroll
+  for (int n = 0; n < 6; n++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+      *(uint32_t *)(pb + v_p_off(r0 + 8 * hh, 8 * n + 2 * tig)) = pa[2 * n + hh];
+  float *xa = (float *)(smem + L.xa) + 64u * st0;
+  if (tig == 0)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) xa[r0 + 8 * hh] = alpha[hh];
+  fence_proxy_async(); /* P visible to the accumulators' wgmma */
+  mbar_arrive(pready_b + 8u * st0);
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
+}
+
+template <int DR>
+__global__ void __launch_bounds__(V_BLOCK, 1)
+    fwd90_v23_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
+  constexpr int KB = (512 + DR) / 64;
+  constexpr uint32_t TILE = KB * V_KB_BYTES;
+  const float NEG_INF = -INFINITY;
+
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t raw_base = smem_addr(smem_raw);
+  const uint32_t sbase = (raw_base + 1023u) & ~1023u;
+  uint8_t *smem = smem_raw + (sbase - raw_base);
+  const v_layout L = v_layout_of(DR);
+  float *red = (float *)(smem + L.red);
+  float *rowmax_s = (float *)(smem + L.rowmax);
+  float *rowtop_s = (float *)(smem + L.rowtop);
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int wg = tid >> 7, wq = (tid >> 5) & 3;
+  const int g = lane >> 2, tig = lane & 3;
+  const int r0 = 16 * wq + g;
+
+  if (a.pdl) griddep_wait();
+  const fwd_block blk = fwd_block_of(a);
+  const int ntiles = blk.kend > blk.ks ? (blk.kend - blk.ks + V_ROWS - 1) / V_ROWS : 0;
+  const int h0 = blk.grp * W_HEADS;
+  unsigned bad = 0;
+  const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv;
+  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 24u, pready_b = full_b + 48u;
+  if (tid == 0) {
+    /* full: the gather warpgroup's 128 copies and 4 mask arrivals; empty: the 8
+     * accumulator warps; pready: the scorer's 128 threads. */
+    for (uint32_t s = 0; s < 3u; s++)
+      mbar_init(full_b + 8u * s, 132), mbar_init(empty_b + 8u * s, 8),
+          mbar_init(pready_b + 8u * s, 128);
+  }
+  __syncthreads();
+  if (wg == 3) { /* the gather warpgroup */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    if (ntiles > 0) {
+      const int pw = (tid - 384) >> 5, cl = lane & 7, rl = lane >> 3;
+      const int my_row = 12 * pw + lane % 12; /* lanes 12.. hold rows again */
+      int32_t slot_n = slot_of(a, blk.req, v_raw(blk.slot_row, blk.ks + my_row, blk.kend));
+      int32_t raw_n = v_raw(blk.slot_row, blk.ks + V_ROWS + my_row, blk.kend);
+#pragma unroll 1
+      for (int rg = 0; rg < 4; rg++) {
+        const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
+#pragma unroll 1
+        for (int cb = 0; cb < V_QKB; cb++)
+          cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, blk.t, head, 8 * cb + cl),
+                      head < a.num_heads ? 16 : 0);
+      }
+      volatile uint16_t *mk = (volatile uint16_t *)(smem + L.mask);
+      uint32_t st = 0, par = 0;
+#pragma unroll 1
+      for (int j = 0; j < ntiles; j++) {
+        if (j >= 3) mbar_wait(empty_b + 8u * st, par ^ 1u); /* tile j - 3's PVs */
+        const int32_t sc = slot_n;
+        slot_n = slot_of(a, blk.req, raw_n);
+        raw_n = v_raw(blk.slot_row, blk.ks + V_ROWS * (j + 2) + my_row, blk.kend);
+        unsigned nb = 0;
+        const int u_mine = entry_used(a, sc, blk.ks + V_ROWS * j + my_row, blk.kend, 0, &nb);
+        bad += lane < 12 ? nb : 0u;
+        const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & 0xfffu;
+        if (lane == 0) {
+          mk[4u * st + (uint32_t)pw] = (uint16_t)bits;
+          mbar_arrive(full_b + 8u * st);
+        }
+        const uint32_t kvb = kv_s + st * TILE;
+#pragma unroll 1
+        for (int rg = 0; rg < 3; rg++) {
+          const int rr = 4 * rg + rl, row = 12 * pw + rr;
+          const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
+          const int u = __shfl_sync(0xffffffffu, u_mine, rr);
+          const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
+#pragma unroll
+          for (int cb = 0; cb < KB; cb++)
+            cp_async_16(kvb + v_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
+        }
+        mbar_arrive_cp_async_noinc(full_b + 8u * st);
+        st = st == 2u ? 0u : st + 1u;
+        par ^= st == 0u ? 1u : 0u;
+      }
+      if (blk.grp != 0) bad = 0;
+    }
+  } else if (wg == 2) { /* the scorer */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 136;\n" ::: "memory");
+    constexpr int QR = KB - V_QKB; /* Q's column blocks in registers */
+    uint32_t qa[16 * QR];
+#pragma unroll
+    for (int kb = 0; kb < QR; kb++)
+#pragma unroll
+      for (int i = 0; i < 16; i++) { /* k-step i / 4, fragment register i % 4 */
+        const int row = r0 + 8 * (i & 1), head = h0 + row;
+        const int col = 64 * (V_QKB + kb) + 16 * (i >> 2) + 8 * ((i >> 1) & 1) + 2 * tig;
+        qa[16 * kb + i] =
+            head < a.num_heads ? *(const uint32_t *)(q_chunk_src(a, blk.t, head, col >> 3) + (col & 7))
+                               : 0u;
+      }
+    float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f}, m_top[2] = {NEG_INF, NEG_INF};
+    if (ntiles > 0) {
+      float sa[24], sb[24];
+      mbar_wait(full_b, 0); /* tile 0 and Q */
+      fence_proxy_async();
+      v_s_issue<KB>(sa, q_s, kv_s, qa);
+      wg_wait<0>();
+      uint32_t st = 0, par = 0;
+      /* Tiles in pairs, sa and sb taking turns. No group is in flight across the loop's
+       * back edge (the wait after each pair: S(j + 2), which ran under softmax(j + 1)):
+       * ptxas serializes every wgmma of the kernel where an accumulator in flight there is
+       * read in the loop (C7514; a 20-line reproduction, session 28). */
+#pragma unroll 1
+      for (int j = 0; j < ntiles; j += 2) {
+        v_score_step<KB, DR>(a, smem, sbase, L, j, ntiles, st, par, sa, sb, qa, m_run, l_run,
+                             m_top);
+        v_score_step<KB, DR>(a, smem, sbase, L, j + 1, ntiles, st, par, sb, sa, qa, m_run,
+                             l_run, m_top);
+        wg_wait<0>();
+      }
+    }
+    /* The row's (l, m, top) for the accumulators' epilogue (red[64 + row]: v11's second
+     * warpgroup's share of l, 0 here). */
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float l = l_run[hh];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int row = r0 + 8 * hh;
+      if (tig == 0)
+        red[row] = l, red[64 + row] = 0.0f, rowmax_s[row] = m_run[hh], rowtop_s[row] = m_top[hh];
+    }
+    named_bar_arrive(2, 384);
+  } else { /* the accumulators: O[:, 256 wg ..] */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");
+    float O[2][64];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+      for (int i = 0; i < 64; i++) O[h][i] = 0.0f;
+    const float *xa_all = (const float *)(smem + L.xa);
+    uint32_t st = 0, par = 0;
+#pragma unroll 1
+    for (int j = 0; j < ntiles; j++) {
+      const uint32_t kvb = kv_s + st * TILE;
+      const uint32_t pblk = DR ? kvb + 8u * V_KB_BYTES : sbase + L.p + st * V_KB_BYTES;
+      mbar_wait(pready_b + 8u * st, par); /* P(j), alpha(j); tile j landed before it */
+      fence_proxy_async();
+      float f[2];
+      bool moved = false;
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        f[hh] = xa_all[64u * st + r0 + 8 * hh];
+        moved |= !(f[hh] == 1.0f); /* NaN moves */
+      }
+      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
+      w11_pin_o(O);
+      wg_fence();
+#pragma unroll
+      for (int k = 0; k < 3; k++) {
+#ifdef SMLA_V23_PSWAP
+        const uint64_t da = wg_desc_plain(pblk + 2u * 1024u * k, 128, 1024);
+#else
+        const uint64_t da = wg_desc_plain(pblk + 2u * 1024u * k, 1024, 128);
+#endif
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+          wgmma_m64n128k16_ss_tb(O[h], da,
+                                 wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * V_KB_BYTES + k * 16 * 128),
+                                         V_KB_BYTES, 1024));
+      }
+      wg_commit();
+      wg_wait<0>();
+      w11_pin_o(O);
+      __syncwarp(); /* every lane's read of xa before the release */
+      if (lane == 0) mbar_arrive(empty_b + 8u * st);
+      st = st == 2u ? 0u : st + 1u;
+      par ^= st == 0u ? 1u : 0u;
+    }
+    griddep_launch_dependents();
+    named_bar_sync(2, 384); /* the scorer's (l, m, top); both PVs of the last tile done */
+
+    /* ---- epilogue (one split): v11's staged rows ---- */
+    float *ost = (float *)(smem + L.kv);
+    void **dst_s = (void **)(smem + L.q);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int row = r0 + 8 * hh, head = h0 + row;
+      const bool writer = wg == 0 && tig == 0;
+      if (head >= a.num_heads) {
+        if (writer) dst_s[row] = NULL;
+        continue;
+      }
+      const fwd_row_out r = fwd_row_epilogue(a, blk.t, 0, head, red[row], rowmax_s[row],
+                                             rowtop_s[row], writer);
+      if (writer) dst_s[row] = r.out;
+      const int col0 = 256 * wg + 2 * tig;
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int nb = 0; nb < 16; nb++)
+          *(float2 *)(ost + row * W_OST_STRIDE + col0 + 128 * h + 8 * nb) =
+              make_float2(O[h][4 * nb + 2 * hh] * r.f, O[h][4 * nb + 2 * hh + 1] * r.f);
+    }
+    named_bar_sync(1, W_THREADS);
+    w_store_rows(a, ost, dst_s, tid >> 5, W_HEADS, W_THREADS / 32);
+  }
+  fwd_count_bad(a, 0, bad);
+}
+#endif /* SMLA_FWD90_V23 */
+
 /* ---- small heads: swap-AB tiles, N <= 32 (SMLA_FWD90_SMALL) -----------------------------
  * One block per (row t, split), HG = 8, 16 or 32 heads (the fewest that hold N), no matrix
  * work for heads past HG: the heads sit on the wgmma N axis.
@@ -1189,6 +1561,8 @@ extern "C" int smla_cuda_fwd90_small_heads(int num_heads) {
 /* The tile loop a plan with hb heads a block runs (smla_plan_describe). */
 extern "C" const char *smla_cuda_fwd90_variant(int hb) {
   if (hb < 64) return "swap-AB small-head tiles (heads on the wgmma N axis)";
+  if (SMLA_FWD90_V23)
+    return "tile loop v23 (scorer, three 48-row stages) at one split, v11 (relay) for splits";
   return SMLA_FWD90_PERSIST == 1 ? "tile loop v11 (relay), one split as a persistent grid"
                                  : "tile loop v11 (relay)";
 }
@@ -1198,6 +1572,9 @@ extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr, int hb) {
   if (hb < 64) return ws_layout_of(dr, hb).total + 1024u;
 #endif
   (void)hb;
+#if SMLA_FWD90_V23
+  if (v_layout_of(dr).total > w_layout_of(dr).total) return v_layout_of(dr).total + 1024u;
+#endif
   return w_layout_of(dr).total + 1024u; /* + slack to align the base to 1024 */
 }
 
@@ -1212,7 +1589,23 @@ static const void *w_kernel(int dr, int hb) {
   return dr == 64 ? (const void *)fwd90_kernel<64> : (const void *)fwd90_kernel<0>;
 }
 
+/* v23 (SMLA_FWD90_V23) runs the 64-head kernel's plans of one split without a cluster
+ * merge; v11 / v14 the rest. */
+static const void *w_kernel_v23(int dr) {
+#if SMLA_FWD90_V23
+  return dr == 64 ? (const void *)fwd90_v23_kernel<64> : (const void *)fwd90_v23_kernel<0>;
+#else
+  (void)dr;
+  return NULL;
+#endif
+}
+
 extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int hb, int max_smem) {
+  if (hb == 64 && w_kernel_v23(dr)) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        w_kernel_v23(dr), cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+    if (e != cudaSuccess) return e;
+  }
   return cudaFuncSetAttribute(w_kernel(dr, hb), cudaFuncAttributeMaxDynamicSharedMemorySize,
                               max_smem);
 }
@@ -1271,14 +1664,21 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fw
   if (C && (a->num_splits < 2 || a->num_splits > 8 || C != a->num_splits))
     return cudaErrorInvalidValue; /* one cluster a row */
   if (hb < 64 && smla_cuda_fwd90_small_heads(hb) != hb) return cudaErrorInvalidValue;
+  cudaLaunchAttribute attr[2];
+  void *args[1] = {(void *)a};
+#if SMLA_FWD90_V23
+  if (hb == 64 && a->num_splits == 1 && !C) {
+    cudaLaunchConfig_t c = w_config((unsigned)blocks, V_BLOCK, v_layout_of(dr).total + 1024u, 1,
+                                    a->pdl, stream, attr);
+    return cudaLaunchKernelExC(&c, w_kernel_v23(dr), args);
+  }
+#endif
   int64_t grid = blocks; /* the persistent grid: at most one block a resident slot */
   if (SMLA_FWD90_PERSIST == 1 && hb == 64 && a->num_splits == 1 && !a->cluster_merge &&
       a->resident_blocks > 0 && grid > a->resident_blocks)
     grid = a->resident_blocks;
-  cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t c = w_config((unsigned)grid, w_threads(hb),
                                   smla_cuda_fwd90_smem_bytes(dr, hb),
                                   C ? C : 1, a->pdl, stream, attr);
-  void *args[1] = {(void *)a};
   return cudaLaunchKernelExC(&c, w_kernel(dr, hb), args);
 }
