@@ -1060,9 +1060,12 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
   const int r0 = 16 * wq + g;
 
   if (a.pdl) griddep_wait();
-  const fwd_block blk = fwd_block_of(a);
-  const int ntiles = blk.kend > blk.ks ? (blk.kend - blk.ks + V_ROWS - 1) / V_ROWS : 0;
-  const int h0 = blk.grp * W_HEADS;
+  /* The unit (blk, ntiles, h0) is decoded in each role, after its setmaxnreg: values
+   * carried across the register split were spilled. */
+#define V_UNIT()                                                                           \
+  const fwd_block blk = fwd_block_of(a);                                                   \
+  const int ntiles = blk.kend > blk.ks ? (blk.kend - blk.ks + V_ROWS - 1) / V_ROWS : 0;    \
+  const int h0 = blk.grp * W_HEADS
   unsigned bad = 0;
   const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv;
   const uint32_t full_b = sbase + L.bar, empty_b = full_b + 24u, pready_b = full_b + 48u;
@@ -1076,6 +1079,7 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
   __syncthreads();
   if (wg == 3) { /* the gather warpgroup */
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    V_UNIT();
     if (ntiles > 0) {
       const int pw = (tid - 384) >> 5, cl = lane & 7, rl = lane >> 3;
       const int my_row = 12 * pw + lane % 12; /* lanes 12.. hold rows again */
@@ -1112,9 +1116,13 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
           const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
           const int u = __shfl_sync(0xffffffffu, u_mine, rr);
           const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
+#if !SMLA_PROBE_NO_GATHER
 #pragma unroll
           for (int cb = 0; cb < KB; cb++)
             cp_async_16(kvb + v_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
+#else
+          (void)src, (void)kvb, (void)row;
+#endif
         }
         mbar_arrive_cp_async_noinc(full_b + 8u * st);
         st = st == 2u ? 0u : st + 1u;
@@ -1124,6 +1132,7 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
     }
   } else if (wg == 2) { /* the scorer */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 136;\n" ::: "memory");
+    V_UNIT();
     constexpr int QR = KB - V_QKB; /* Q's column blocks in registers */
     uint32_t qa[16 * QR];
 #pragma unroll
@@ -1171,6 +1180,7 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
     named_bar_arrive(2, 384);
   } else { /* the accumulators: O[:, 256 wg ..] */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");
+    V_UNIT();
     float O[2][64];
 #pragma unroll
     for (int h = 0; h < 2; h++)
@@ -1244,6 +1254,7 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
     w_store_rows(a, ost, dst_s, tid >> 5, W_HEADS, W_THREADS / 32);
   }
   fwd_count_bad(a, 0, bad);
+#undef V_UNIT
 }
 #endif /* SMLA_FWD90_V23 */
 
