@@ -910,9 +910,12 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
 #define V_KB_BYTES (V_ROWS * 128) /* one [48 rows][128 B] column block of a stage */
 #define V_QKB 7                   /* Q's column blocks in shared memory (the rest: registers) */
 #define V_BLOCK 512
+/* SMLA_FWD90_V23=2: each accumulator refills the column blocks it alone reads (V23's second
+ * form; the gather warpgroup then copies the rope block, the slots and the used bits). */
+#define V_REFILL (SMLA_FWD90_V23 >= 2)
 
 struct v_layout {
-  uint32_t q, kv, p, xa, red, rowmax, rowtop, mask, bar, total;
+  uint32_t q, kv, p, xa, red, rowmax, rowtop, mask, sring, bar, total;
 };
 
 __host__ __device__ constexpr v_layout v_layout_of(int dr) {
@@ -925,9 +928,11 @@ __host__ __device__ constexpr v_layout v_layout_of(int dr) {
   l.red = l.xa + 3u * 64u * 4u;            /* [2][64] float, as v11's */
   l.rowmax = l.red + 2u * 64u * 4u;
   l.rowtop = l.rowmax + 64u * 4u;
-  l.mask = l.rowtop + 64u * 4u; /* [3 stages][4 gather warps] uint16 used bits */
-  l.bar = l.mask + 32u;         /* mbarriers full[3], empty[3], pready[3] */
-  l.total = l.bar + 9u * 8u;
+  /* [4][4 gather warps] uint16 used bits: by stage (V23 = 1) or by tile % 4 (= 2) */
+  l.mask = l.rowtop + 64u * 4u;
+  l.sring = l.mask + 32u; /* V23 = 2: [4][48] int32, the slots of tile j % 4 (-1: unused) */
+  l.bar = l.sring + 4u * 48u * 4u; /* mbarriers full[3], empty[3], pready[3], sready[4] */
+  l.total = l.bar + 13u * 8u;
   return l;
 }
 static_assert(v_layout_of(64).total + 1024u <= 232448u, "v23 layout, dr = 64");
@@ -1015,7 +1020,8 @@ __device__ __forceinline__ void v_score_step(const smla_cuda_fwd_args &a, uint8_
   const uint32_t st0 = st;
   st = st1, par = par1;
   if (j >= ntiles) return; /* the pair's second step past an odd tile count */
-  const volatile uint16_t *mk = (const volatile uint16_t *)(smem + L.mask) + 4u * st0;
+  const volatile uint16_t *mk =
+      (const volatile uint16_t *)(smem + L.mask) + 4u * (V_REFILL ? (uint32_t)j & 3u : st0);
   const uint64_t word = (uint64_t)mk[0] | ((uint64_t)mk[1] << 12) | ((uint64_t)mk[2] << 24) |
                         ((uint64_t)mk[3] << 36);
   uint32_t pa[12];
@@ -1036,6 +1042,35 @@ __device__ __forceinline__ void v_score_step(const smla_cuda_fwd_args &a, uint8_
   mbar_arrive(pready_b + 8u * st0);
 #pragma unroll
   for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
+}
+
+/* V_REFILL: accumulator warpgroup wg copies tile j's rows into its own column blocks 4 wg ..
+ * 4 wg + 3 of stage st (which only its PV and S read: S(j - 3) and its PV are done), with
+ * the slots the gather warpgroup left in the ring, and arrives on full once they land. */
+template <int KB>
+__device__ __forceinline__ void v_refill(const smla_cuda_fwd_args &a, uint8_t *smem,
+                                         uint32_t sbase, const v_layout &L, int j, uint32_t st,
+                                         int wg) {
+  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
+  const int rl = lane >> 3, cl = lane & 7;
+  const uint32_t ri = (uint32_t)j & 3u;
+  mbar_wait(sbase + L.bar + 72u + 8u * ri, ((uint32_t)j >> 2) & 1u);
+  const volatile int32_t *ring = (const volatile int32_t *)(smem + L.sring) + 48u * ri;
+  const uint32_t kvb = sbase + L.kv + st * (uint32_t)(KB * V_KB_BYTES);
+#pragma unroll
+  for (int rg = 0; rg < 3; rg++) {
+    const int row = 12 * wq + 4 * rg + rl;
+    const int32_t sl = ring[row];
+    const uint8_t *src = a.cache + (sl >= 0 ? (int64_t)sl * a.row_bytes : 0);
+#if !SMLA_PROBE_NO_GATHER
+#pragma unroll
+    for (int cb = 4 * wg; cb < 4 * wg + 4; cb++)
+      cp_async_16(kvb + v_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), sl >= 0 ? 16u : 0u);
+#else
+    (void)src, (void)kvb;
+#endif
+  }
+  mbar_arrive_cp_async_noinc(sbase + L.bar + 8u * st);
 }
 
 template <int DR>
@@ -1069,12 +1104,15 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
   unsigned bad = 0;
   const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv;
   const uint32_t full_b = sbase + L.bar, empty_b = full_b + 24u, pready_b = full_b + 48u;
+  const uint32_t sready_b = full_b + 72u;
   if (tid == 0) {
-    /* full: the gather warpgroup's 128 copies and 4 mask arrivals; empty: the 8
-     * accumulator warps; pready: the scorer's 128 threads. */
+    /* full: the gather warpgroup's 128 copies and 4 mask arrivals (V_REFILL: and the two
+     * accumulators' 256); empty: the 8 accumulator warps; pready: the scorer's 128
+     * threads; sready (V_REFILL): the gather warpgroup's 128 threads, a tile's slots. */
     for (uint32_t s = 0; s < 3u; s++)
-      mbar_init(full_b + 8u * s, 132), mbar_init(empty_b + 8u * s, 8),
+      mbar_init(full_b + 8u * s, V_REFILL ? 388 : 132), mbar_init(empty_b + 8u * s, 8),
           mbar_init(pready_b + 8u * s, 128);
+    for (uint32_t s = 0; s < 4u; s++) mbar_init(sready_b + 8u * s, 128);
   }
   __syncthreads();
   if (wg == 3) { /* the gather warpgroup */
@@ -1094,10 +1132,11 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
                       head < a.num_heads ? 16 : 0);
       }
       volatile uint16_t *mk = (volatile uint16_t *)(smem + L.mask);
+      volatile int32_t *ring = (volatile int32_t *)(smem + L.sring);
       uint32_t st = 0, par = 0;
 #pragma unroll 1
       for (int j = 0; j < ntiles; j++) {
-        if (j >= 3) mbar_wait(empty_b + 8u * st, par ^ 1u); /* tile j - 3's PVs */
+        if (!V_REFILL && j >= 3) mbar_wait(empty_b + 8u * st, par ^ 1u); /* tile j - 3's PVs */
         const int32_t sc = slot_n;
         slot_n = slot_of(a, blk.req, raw_n);
         raw_n = v_raw(blk.slot_row, blk.ks + V_ROWS * (j + 2) + my_row, blk.kend);
@@ -1105,8 +1144,16 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
         const int u_mine = entry_used(a, sc, blk.ks + V_ROWS * j + my_row, blk.kend, 0, &nb);
         bad += lane < 12 ? nb : 0u;
         const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & 0xfffu;
+        const uint32_t mi = V_REFILL ? (uint32_t)j & 3u : st; /* the used bits' slot */
+        if (V_REFILL) { /* the slots for the accumulators, then this tile's rope block */
+          if (lane < 12) ring[48u * mi + my_row] = u_mine ? sc : -1;
+          mbar_arrive(sready_b + 8u * mi);
+        }
+        /* V_REFILL: tile j - 3's full phase may still be open (the accumulators' copies),
+         * so this tile's arrivals on full wait for its PVs too. */
+        if (V_REFILL && j >= 3) mbar_wait(empty_b + 8u * st, par ^ 1u); /* P(j - 3) read */
         if (lane == 0) {
-          mk[4u * st + (uint32_t)pw] = (uint16_t)bits;
+          mk[4u * mi + (uint32_t)pw] = (uint16_t)bits;
           mbar_arrive(full_b + 8u * st);
         }
         const uint32_t kvb = kv_s + st * TILE;
@@ -1118,7 +1165,7 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
           const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
 #if !SMLA_PROBE_NO_GATHER
 #pragma unroll
-          for (int cb = 0; cb < KB; cb++)
+          for (int cb = V_REFILL ? 8 : 0; cb < KB; cb++) /* V_REFILL: the rope block only */
             cp_async_16(kvb + v_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
 #else
           (void)src, (void)kvb, (void)row;
@@ -1187,6 +1234,9 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
 #pragma unroll
       for (int i = 0; i < 64; i++) O[h][i] = 0.0f;
     const float *xa_all = (const float *)(smem + L.xa);
+    if (V_REFILL)
+#pragma unroll 1
+      for (int j = 0; j < 3 && j < ntiles; j++) v_refill<KB>(a, smem, sbase, L, j, (uint32_t)j, wg);
     uint32_t st = 0, par = 0;
 #pragma unroll 1
     for (int j = 0; j < ntiles; j++) {
@@ -1222,6 +1272,7 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
       w11_pin_o(O);
       __syncwarp(); /* every lane's read of xa before the release */
       if (lane == 0) mbar_arrive(empty_b + 8u * st);
+      if (V_REFILL && j + 3 < ntiles) v_refill<KB>(a, smem, sbase, L, j + 3, st, wg);
       st = st == 2u ? 0u : st + 1u;
       par ^= st == 0u ? 1u : 0u;
     }
