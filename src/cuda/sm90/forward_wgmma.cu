@@ -1059,7 +1059,8 @@ __device__ __forceinline__ void v_refill(const smla_cuda_fwd_args &a, uint8_t *s
   const uint32_t kvb = sbase + L.kv + st * (uint32_t)(KB * V_KB_BYTES);
 #pragma unroll
   for (int rg = 0; rg < 3; rg++) {
-    const int row = 12 * wq + 4 * rg + rl;
+    int row = 12 * wq + 4 * rg + rl;
+    asm volatile("mov.b32 %0, %0;" : "+r"(row)); /* addresses not hoisted (spills) */
     const int32_t sl = ring[row];
     const uint8_t *src = a.cache + (sl >= 0 ? (int64_t)sl * a.row_bytes : 0);
 #if !SMLA_PROBE_NO_GATHER
