@@ -1257,6 +1257,9 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
       wg_fence();
 #pragma unroll
       for (int k = 0; k < 3; k++) {
+        /* lbo along K, sbo along M: the PTX ISA's reading of a K-major operand without
+         * swizzle. Not yet run on a GPU: -DSMLA_V23_PSWAP=1 builds the other reading, for the
+         * first device run to fall back on if this one fails its values. */
 #ifdef SMLA_V23_PSWAP
         const uint64_t da = wg_desc_plain(pblk + 2u * 1024u * k, 128, 1024);
 #else
