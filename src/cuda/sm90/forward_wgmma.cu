@@ -7,7 +7,8 @@
  * history, v3 / v7 last at d2d16d7, v12 at 8663169, v13 at f3d4a0c, v15 (tile pairs) at
  * dea8388, v16 (S before the cross PV) at 6c73d08, v18 (two gather warpgroups) at dcf51d5,
  * v19 (either event first) at b193fe8, v20 (the column pair, 2-block clusters) at d70d269,
- * v22 (the scorer: S and softmax on a third compute warpgroup) at e5161fd):
+ * v22 (the scorer: S and softmax on a third compute warpgroup) at e5161fd; v23 (three
+ * 48-row stages, the scorer a tile ahead; built, not yet run) below, -DSMLA_FWD90_V23=1/2):
  * docs/design/cuda-sm90-forward.md.
  *
  * Work: units (row t, group of 64 heads, KV split), the same grid, split policy,
@@ -1054,7 +1055,7 @@ __device__ __forceinline__ void v_refill(const smla_cuda_fwd_args &a, uint8_t *s
   const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
   const int rl = lane >> 3, cl = lane & 7;
   const uint32_t ri = (uint32_t)j & 3u;
-  mbar_wait(sbase + L.bar + 72u + 8u * ri, ((uint32_t)j >> 2) & 1u);
+  mbar_wait(sbase + L.bar + 72u + 8u * ri, ((uint32_t)j >> 2) & 1u); /* sready[ri] */
   const volatile int32_t *ring = (const volatile int32_t *)(smem + L.sring) + 48u * ri;
   const uint32_t kvb = sbase + L.kv + st * (uint32_t)(KB * V_KB_BYTES);
 #pragma unroll
