@@ -71,35 +71,17 @@ __device__ __forceinline__ void pv_ss(float O[2][64], uint32_t p_s, uint32_t v_s
  * its own commit and wait. Returns one value, so the accumulators stay live. */
 template <int WAY>
 __device__ __forceinline__ float s_tile(uint32_t q_s, uint32_t k_s) {
+  constexpr int N = WAY == 1 ? 32 : WAY == 2 ? 48 : 64; /* entries a tile */
   float s[32], acc = 0.0f;
-  if constexpr (WAY == 2) { /* one n48 tile */
 #pragma unroll
-    for (int i = 0; i < 24; i++) s[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 24; i++) wg_pin(s[i]);
-    wg_fence();
-#pragma unroll
-    for (int kb = 0; kb < KB; kb++)
-#pragma unroll
-      for (int k4 = 0; k4 < 4; k4++)
-        wgmma_m64n48k16_ss(s, wg_desc(q_s + kb * 8192u + k4 * 32, 16, 1024),
-                           wg_desc(k_s + kb * 8192u + k4 * 32, 16, 1024));
-    wg_commit();
+  for (int half = 0; half < (WAY == 1 ? 2 : 1); half++) {
+    wg_s_issue<N, KB>(s, q_s, 8192u, k_s + (uint32_t)half * 4096u, 8192u);
     wg_wait<0>();
 #pragma unroll
-    for (int i = 0; i < 24; i++) wg_pin(s[i]);
-    return s[0];
-  } else {
-#pragma unroll
-    for (int half = 0; half < (WAY ? 2 : 1); half++) {
-      wg_s_issue<WAY ? 32 : 64, KB>(s, q_s, 8192u, k_s + (uint32_t)half * 4096u, 8192u);
-      wg_wait<0>();
-#pragma unroll
-      for (int i = 0; i < (WAY ? 16 : 32); i++) wg_pin(s[i]);
-      acc += s[0];
-    }
-    return acc;
+    for (int i = 0; i < N / 2; i++) wg_pin(s[i]);
+    acc += s[0];
   }
+  return acc;
 }
 
 /* WAY: 0 n64, 1 n32, 2 n48; mode: 0 S by warpgroup 0 alone, 1 S by both, 2 a tile (S by

@@ -531,6 +531,22 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
 }
 
 
+/* Q's first NCB column blocks of heads h0.. of row t into the 64-row stack at q_s, by the
+ * gather warpgroup: warp pw copies rows 16 pw..16 pw + 15, 4 rows x 8 chunks an
+ * instruction; heads past N are zero-filled. */
+template <int NCB>
+__device__ __forceinline__ void w_load_q(const smla_cuda_fwd_args &a, uint32_t q_s, int64_t t,
+                                         int h0, int pw, int rl, int cl) {
+#pragma unroll 1
+  for (int rg = 0; rg < 4; rg++) {
+    const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
+#pragma unroll 1
+    for (int cb = 0; cb < NCB; cb++)
+      cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, t, head, 8 * cb + cl),
+                  head < a.num_heads ? 16 : 0);
+  }
+}
+
 /* A gather warp's copies of its RPW (16, or 8 with two gather warpgroups) rows of a tile
  * (KB column blocks) into the stage at base: 4 rows an instruction, lane (rl, cl) chunk cl
  * of row 4 rg + rl; the slot sc and used bit u_mine of row RPW pw + r sit in lane r (and
@@ -698,15 +714,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
        * wait for the previous unit's last S). */
       slot_pipe spipe = slot_pipe_start(a, blk.req, blk.slot_row, blk.ks, blk.kend, my_row);
       if (nq > 0) mbar_wait(qfree_b, (nq - 1u) & 1u);
-      const int h0 = blk.grp * W_HEADS;
-#pragma unroll 1
-      for (int rg = 0; rg < 4; rg++) {
-        const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
-#pragma unroll 1
-        for (int cb = 0; cb < KB; cb++)
-          cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, blk.t, head, 8 * cb + cl),
-                      head < a.num_heads ? 16 : 0);
-      }
+      w_load_q<KB>(a, q_s, blk.t, blk.grp * W_HEADS, pw, rl, cl);
       const unsigned nb = w_gather_tiles<KB, 16>(a, smem + L.mask + 64u, kv_s, full_b, spipe,
                                                  blk.req, blk.slot_row, blk.ks, blk.kend,
                                                  blk.ntiles, g0, pw, rl, cl, my_row);
@@ -1125,14 +1133,7 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
       const int my_row = 12 * pw + lane % 12; /* lanes 12.. hold rows again */
       int32_t slot_n = slot_of(a, blk.req, v_raw(blk.slot_row, blk.ks + my_row, blk.kend));
       int32_t raw_n = v_raw(blk.slot_row, blk.ks + V_ROWS + my_row, blk.kend);
-#pragma unroll 1
-      for (int rg = 0; rg < 4; rg++) {
-        const int row = 16 * pw + 4 * rg + rl, head = h0 + row;
-#pragma unroll 1
-        for (int cb = 0; cb < V_QKB; cb++)
-          cp_async_16(q_s + w_chunk(row, 8 * cb + cl), q_chunk_src(a, blk.t, head, 8 * cb + cl),
-                      head < a.num_heads ? 16 : 0);
-      }
+      w_load_q<V_QKB>(a, q_s, blk.t, h0, pw, rl, cl);
       volatile uint16_t *mk = (volatile uint16_t *)(smem + L.mask);
       volatile int32_t *ring = (volatile int32_t *)(smem + L.sring);
       uint32_t st = 0, par = 0;

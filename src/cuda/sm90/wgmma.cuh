@@ -140,13 +140,15 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float d[16], uint64_t da, uin
       : "l"(da), "l"(db), "n"(1), "n"(TA));
 }
 
-/* The one for N (8, 16, 32 or 64; TA = 1, A MN-major, for N < 64 only). */
+/* The one for N (8, 16, 32, 48 or 64; TA = 1, A MN-major, for N <= 32 only). */
 template <int N, int TA>
 __device__ __forceinline__ void wgmma_m64nNk16_ss(float *d, uint64_t da, uint64_t db) {
-  static_assert(N == 8 || N == 16 || N == 32 || (N == 64 && TA == 0), "N = 8, 16, 32 or 64");
+  static_assert(N == 8 || N == 16 || N == 32 || ((N == 48 || N == 64) && TA == 0),
+                "N = 8, 16, 32, 48 or 64");
   if constexpr (N == 8) wgmma_m64n8k16_ss<TA>(d, da, db);
   else if constexpr (N == 16) wgmma_m64n16k16_ss<TA>(d, da, db);
   else if constexpr (N == 32) wgmma_m64n32k16_ss<TA>(d, da, db);
+  else if constexpr (N == 48) wgmma_m64n48k16_ss(d, da, db);
   else wgmma_m64n64k16_ss(d, da, db);
 }
 
