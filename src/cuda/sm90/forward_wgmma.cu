@@ -262,20 +262,31 @@ __device__ __forceinline__ void w11_pv_rs(float O[2][64], const uint32_t pa[16],
   wg_commit();
 }
 
-/* O[:, 256 wg + ...] += P V of the stage at kvb, P from the [64][64] block at p_s. */
-__device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t kvb, int wg) {
+/* O[:, 256 wg + ...] += P V over KS k-steps of 16 entries, one commit group: V the rows of
+ * the stage at kvb (column blocks BLK bytes apart, read MN-major), P from shared memory at
+ * p_s, K-major, a k-step PKSTEP bytes on: in the 128-byte swizzle (PLBO = 0: v11's [64][64]
+ * block) or without swizzle (v23's [64][48]: core matrices PLBO bytes apart along K, PSBO
+ * along M). */
+template <int KS, uint32_t BLK, uint32_t PKSTEP = 32, uint32_t PLBO = 0, uint32_t PSBO = 0>
+__device__ __forceinline__ void w_pv_ss(float O[2][64], uint32_t p_s, uint32_t kvb, int wg) {
   w11_pin_o(O);
   wg_fence();
 #pragma unroll
-  for (int k = 0; k < 4; k++) {
-    const uint64_t da = wg_desc(p_s + k * 32, 16, 1024);
+  for (int k = 0; k < KS; k++) {
+    const uint64_t da = PLBO ? wg_desc_plain(p_s + PKSTEP * k, PLBO, PSBO)
+                             : wg_desc(p_s + PKSTEP * k, 16, 1024);
 #pragma unroll
     for (int h = 0; h < 2; h++)
       wgmma_m64n128k16_ss_tb(O[h], da,
-                             wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * W_KB_BYTES + k * 16 * 128),
-                                     W_KB_BYTES, 1024));
+                             wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * BLK + k * 16 * 128),
+                                     BLK, 1024));
   }
   wg_commit();
+}
+
+/* v11's cross PV: the 64 entries of the stage at kvb, P from the [64][64] block at p_s. */
+__device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t kvb, int wg) {
+  w_pv_ss<4, W_KB_BYTES>(O, p_s, kvb, wg);
 }
 
 /* A probe build (kind 12 since session 23; kind 11 before) sums compute thread 0's time over
@@ -1255,25 +1266,15 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
         moved |= !(f[hh] == 1.0f); /* NaN moves */
       }
       if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
-      w11_pin_o(O);
-      wg_fence();
-#pragma unroll
-      for (int k = 0; k < 3; k++) {
-        /* lbo along K, sbo along M: the PTX ISA's reading of a K-major operand without
-         * swizzle. Not yet run on a GPU: -DSMLA_V23_PSWAP=1 builds the other reading, for the
-         * first device run to fall back on if this one fails its values. */
+      /* P without swizzle: lbo along K, sbo along M (the PTX ISA's reading of a K-major
+       * operand; not yet run on a GPU: -DSMLA_V23_PSWAP=1 builds the other reading, for
+       * the first device run to fall back on if this one fails its values); a k-step is 2
+       * core matrices (2 KB) on. */
 #ifdef SMLA_V23_PSWAP
-        const uint64_t da = wg_desc_plain(pblk + 2u * 1024u * k, 128, 1024);
+      w_pv_ss<3, V_KB_BYTES, 2048, 128, 1024>(O, pblk, kvb, wg);
 #else
-        const uint64_t da = wg_desc_plain(pblk + 2u * 1024u * k, 1024, 128);
+      w_pv_ss<3, V_KB_BYTES, 2048, 1024, 128>(O, pblk, kvb, wg);
 #endif
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-          wgmma_m64n128k16_ss_tb(O[h], da,
-                                 wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * V_KB_BYTES + k * 16 * 128),
-                                         V_KB_BYTES, 1024));
-      }
-      wg_commit();
       wg_wait<0>();
       w11_pin_o(O);
       __syncwarp(); /* every lane's read of xa before the release */
