@@ -10,9 +10,11 @@
 # runs is the noise a difference is held against), then runs compute-sanitizer
 # (AB_SAN_TOOLS, default racecheck synccheck memcheck) over each experiment's (or
 # AB_SAN_BUILDS's) cases of AB_SAN_FILTER (empty: no sanitizer). Logs: $OUT/ab.tgz.
-# Prints a summary table last. AB_PREBUILT=1: the builds were made on the calling machine
+# Prints a summary table last. AB_SMOKE="filter": those cases first on each experiment;
+# one that fails them is left out of the rest of the call. AB_BENCH_RUNS (default 2). AB_PREBUILT=1: the builds were made on the calling machine
 # by scripts/carry_builds.sh (same flags) and carried as carry/<build>.tgz; they are
-# unpacked instead of built (a call then spends no device time compiling).
+# unpacked instead of built (a call then spends no device time compiling); AB_BUILDS="name
+# .." then names any number of them (their flags from each build's flags.txt).
 set -u
 O=${OUT:-.out}
 mkdir -p "$O"
@@ -20,13 +22,18 @@ L=$(mktemp -d)
 trap 'tar czf "$O/ab.tgz" -C "$L" . 2>/dev/null' EXIT
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-: "${AB_FLAGS:?set AB_FLAGS, e.g. -DSMLA_FWD90_SMALL=2}"
-builds="build build-ab"
-[ -n "${AB2_FLAGS:-}" ] && builds="$builds build-ab2"
-flags_of() { case $1 in build) echo "";; build-ab) echo "$AB_FLAGS";; build-ab2) echo "$AB2_FLAGS";; esac; }
-{ nvidia-smi -L; nvcc --version | tail -1; echo "commit ${SMLA_GIT_COMMIT:-unknown}"
-  for b in $builds; do echo "$b: $(flags_of $b)"; done; } >"$L/env.txt" 2>&1
-cat "$L/env.txt"
+if [ -n "${AB_BUILDS:-}" ]; then # prebuilt experiments by name (carry_builds.sh CARRY_BUILDS)
+  [ "${AB_PREBUILT:-0}" = 1 ] || { echo "AB_BUILDS needs AB_PREBUILT=1"; exit 1; }
+  builds="build $AB_BUILDS"
+else
+  : "${AB_FLAGS:?set AB_FLAGS, e.g. -DSMLA_FWD90_SMALL=2}"
+  builds="build build-ab"
+  [ -n "${AB2_FLAGS:-}" ] && builds="$builds build-ab2"
+fi
+flags_of() {
+  if [ -f "$1/flags.txt" ]; then sed -n 's/^flags: //p' "$1/flags.txt"; return; fi
+  case $1 in build) echo "";; build-ab) echo "${AB_FLAGS:-}";; build-ab2) echo "${AB2_FLAGS:-}";; esac
+}
 if [ "${AB_PREBUILT:-0}" = 1 ]; then
   for b in $builds; do
     mkdir -p $b && tar xzf carry/$b.tgz -C $b || { echo "no carry/$b.tgz: scripts/carry_builds.sh"; exit 1; }
@@ -43,8 +50,22 @@ else
     shift
   done
 fi
+{ nvidia-smi -L; nvcc --version | tail -1; echo "commit ${SMLA_GIT_COMMIT:-unknown}"
+  for b in $builds; do echo "$b: $(flags_of $b)"; done; } >"$L/env.txt" 2>&1
+cat "$L/env.txt"
 stamp "builds ok ($builds)"
 fail=0
+if [ -n "${AB_SMOKE:-}" ]; then # a few cases first: an experiment that fails them is dropped
+  kept=build
+  for b in $builds; do
+    [ $b = build ] && continue
+    timeout ${AB_SMOKE_TIMEOUT:-40} $b/test_smla --filter "$AB_SMOKE" >"$L/smoke_$b.log" 2>&1
+    rc=$?
+    stamp "smoke ($b) rc=$rc: $(tail -1 "$L/smoke_$b.log")"
+    if [ $rc = 0 ]; then kept="$kept $b"; else fail=1; grep -E "^FAIL" "$L/smoke_$b.log" | head -4; fi
+  done
+  builds=$kept
+fi
 for b in $builds; do
   [ $b = build ] && [ "${AB_TEST_BASE:-0}" != 1 ] && continue
   case " ${AB_TEST_BUILDS:-$builds} " in *" $b "*) ;; *) continue;; esac
@@ -53,7 +74,7 @@ for b in $builds; do
   grep -E "^FAIL" "$L/test_$b.log" | head -20
 done
 read -r -a bench_args <<<"${AB_BENCH:--N 64,128 -T 16,64,1024,4096}"
-for r in 1 2; do
+for r in $(seq 1 "${AB_BENCH_RUNS:-2}"); do
   for b in $builds; do
     timeout 120 $b/smla bench "${bench_args[@]}" --timing both >"$L/bench_${b}_$r.txt" 2>&1
   done
@@ -74,7 +95,7 @@ echo "us, amortized cold per build and run: $(for b in $builds; do printf '%s r1
 grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_build_1.txt" | awk '{printf "T=%-5s N=%-4s\n", $1, $2}' >"$L/col_0"
 cols="$L/col_0"
 for b in $builds; do
-  for r in 1 2; do
+  for r in $(seq 1 "${AB_BENCH_RUNS:-2}"); do
     grep -E '^ +[0-9]+ +[0-9]+ ' "$L/bench_${b}_$r.txt" | awk '{printf "%9s %9s\n", $3, $4}' >"$L/col_${b}_$r"
     cols="$cols $L/col_${b}_$r"
   done
