@@ -1106,7 +1106,7 @@ __device__ __forceinline__ void v_refill(const smla_cuda_fwd_args &a, uint8_t *s
     for (int cb = 4 * wg; cb < 4 * wg + 4; cb++)
       cp_async_16(kvb + v_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), sl >= 0 ? 16u : 0u);
 #else
-    (void)src, (void)kvb;
+    (void)src, (void)kvb, (void)cl;
 #endif
   }
   mbar_arrive_cp_async_noinc(sbase + L.bar + 8u * st);
