@@ -17,7 +17,7 @@ set -eu
 cd "$(dirname "$0")/.."
 [ "$(uname -m)" = x86_64 ] || { echo "carry_builds: not x86-64: build on the device instead"; exit 1; }
 grep -qx 'carry/' .git/info/exclude 2>/dev/null || echo 'carry/' >>.git/info/exclude
-grep -qx 'build-carry*/' .git/info/exclude 2>/dev/null || echo 'build-carry*/' >>.git/info/exclude
+grep -qxF 'build-carry*/' .git/info/exclude 2>/dev/null || echo 'build-carry*/' >>.git/info/exclude
 mkdir -p carry
 gencode=${CARRY_GENCODE:--gencode arch=compute_90,code=sm_90}
 commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tests || echo "+dirty")

@@ -437,7 +437,8 @@ static void c_wide_n64_dr0_unsplit(t_case *tc) { unsplit(tc, 64, 2150, 0, 5.0f, 
 /* More (t, group) units at one split than the device has SMs, on the sm90 64-head kernel:
  * 300 rows of N = 64 (Dr 64, sink) and 150 of N = 128 (Dr 0, softcap), K = 150 with the wide
  * cases' lengths (an empty row: a unit with no tile; one, two or three tiles a unit) and
- * planted slots. In the persistent grid (v14, the default since session 22) a block takes
+ * planted slots, and 200 of N = 100 (Dr 64, sink: a partial second group). In the
+ * persistent grid (v14, the default since session 22; v23's in its builds) a block takes
  * several of these units in turn: the tile counts then move the stage a unit starts in and
  * whether a warpgroup owns a tile of it, and the empty row takes no part in the Q handshake.
  * On an sm90 device the plan must name the persistent grid, so that these rows cannot pass
@@ -445,6 +446,9 @@ static void c_wide_n64_dr0_unsplit(t_case *tc) { unsplit(tc, 64, 2150, 0, 5.0f, 
 static void c_wide_persistent(t_case *tc) {
   wide(tc, 300, 64, 150, 64, 0.0f, 1, 1);
   wide(tc, 150, 128, 150, 0, 5.0f, 0, 1);
+  /* N = 100: the second group's heads 36..63 are past N, in the epilogue that stores rows
+   * from the registers (a unit with a next one) and in the staged one. */
+  wide(tc, 200, 100, 150, 64, 0.0f, 1, 1);
   expect_sm90_describe(tc, 300, 64, 150, 64, 1, "one split as a persistent grid",
                        "one split of 300 rows at N = 64: the 64-head kernel's persistent grid");
 }
