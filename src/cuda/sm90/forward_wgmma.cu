@@ -1212,11 +1212,8 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
       const int ntiles = v_ntiles(blk);
       if (ntiles == 0) continue; /* no Q, no tiles, no qfree handshake */
       const bool counts = blk.grp == 0; /* bad slots: counted once a row */
-      /* Tile 0's slots first: their load's latency runs under the Q issue. */
       int32_t slot_n = slot_of(a, blk.req, v_raw(blk.slot_row, blk.ks + my_row, blk.kend));
       int32_t raw_n = v_raw(blk.slot_row, blk.ks + V_ROWS + my_row, blk.kend);
-      if (nq > 0) mbar_wait(qfree_b, (nq - 1u) & 1u); /* the previous unit's last S */
-      w_load_q<V_QKB>(a, q_s, blk.t, blk.grp * W_HEADS, pw, rl, cl);
 #pragma unroll 1
       for (int j = 0; j < ntiles; j++, gt++) {
         /* stage gt % 3, phase parity (gt / 3) & 1 (derived: two registers fewer) */
@@ -1255,6 +1252,13 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
 #else
           (void)src, (void)kvb, (void)row;
 #endif
+        }
+        if (j == 0) {
+          /* Q after tile 0's copies (which need only their stage, so they go out while the
+           * previous unit's last tiles run), once the scorer's last S of that unit is
+           * done; this thread's arrival on tile 0's full below then covers Q's copies too. */
+          if (nq > 0) mbar_wait(qfree_b, (nq - 1u) & 1u);
+          w_load_q<V_QKB>(a, q_s, blk.t, blk.grp * W_HEADS, pw, rl, cl);
         }
         mbar_arrive_cp_async_noinc(full_b + 8u * st);
       }
