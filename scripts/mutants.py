@@ -9,6 +9,8 @@ a missing test, and this script then exits 1.
                                               the mutants in parallel, then tests each)
   python3 scripts/mutants.py --list           the list, with what each one breaks
   python3 scripts/mutants.py --only a,b       just these
+  --nvcc-extra=-DSMLA_FWD90_V23=1             the tree and mutants built as that experiment
+                                              (adds the mutants of its own code, gpu_v23_*)
   --md FILE                                   also write the result table as markdown
 
 Each mutant names one exact piece of source that must occur exactly once: when the code
@@ -35,9 +37,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Mutant:
-    def __init__(self, name, target, path, old, new, what, filt=None):
+    def __init__(self, name, target, path, old, new, what, filt=None, flags=None):
         self.name, self.target, self.path = name, target, path
         self.old, self.new, self.what, self.filt = old, new, what, filt
+        self.flags = flags  # a build flag the mutated code needs (run with --nvcc-extra)
 
 
 M = Mutant
@@ -292,10 +295,45 @@ MUTANTS = [
       "sm90 lazy rescale: the reference max allowed to lag by 200 (P overflows fp32 once a "
       "row's logits spread over more than ~88)", "wide,forward_N_64,forward_N_96,scale"),
     M("gpu_persist_q_early", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "      if (nq > 0) mbar_wait(qfree_b, (nq - 1u) & 1u);",
-      "      if (nq > 0 && nq > 1000000u) mbar_wait(qfree_b, (nq - 1u) & 1u);",
+      "      if (nq > 0) mbar_wait(qfree_b, (nq - 1u) & 1u);\n      w_load_q<KB>(",
+      "      if (nq > 0 && nq > 1000000u) mbar_wait(qfree_b, (nq - 1u) & 1u);\n"
+      "      w_load_q<KB>(",
       "sm90 persistent grid: the next unit's Q loaded without waiting for the last S of the "
       "unit before (its last tiles' S read the next row's queries)", "wide_persistent"),
+    # v23 (SMLA_FWD90_V23=1 builds: --nvcc-extra=-DSMLA_FWD90_V23=1)
+    M("gpu_v23_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "        if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);\n        /* P without",
+      "        /* P without",
+      "sm90 v23: the accumulators never rescale O when the scorer's reference max moves",
+      "forward,wide", "-DSMLA_FWD90_V23=1"),
+    M("gpu_v23_regs_pair_swapped", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "*(uint2 *)(d + 128 * h + 16 * q + 8 * odd) =\n"
+      "            odd ? make_uint2(got, w1) : make_uint2(w0, got);",
+      "*(uint2 *)(d + 128 * h + 16 * q + 8 * odd) =\n"
+      "            odd ? make_uint2(w1, got) : make_uint2(got, w0);",
+      "sm90 v23 persistent grid: the rows stored from the registers (a unit with a next one) "
+      "with each lane pair's column pairs swapped", "wide_persistent", "-DSMLA_FWD90_V23=1"),
+    M("gpu_v23_mask_shift", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "((uint64_t)mk[1] << 12)",
+      "((uint64_t)mk[1] << 16)",
+      "sm90 v23: the scorer joins the gather warps' used-entry bits at the wrong offset",
+      "forward,wide", "-DSMLA_FWD90_V23=1"),
+    M("gpu_v23_p_core_rows", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "(r >> 3) * 128 + (r & 7) * 16 + (c & 7) * 2",
+      "(r & 7) * 128 + (r >> 3) * 16 + (c & 7) * 2",
+      "sm90 v23: P's rows placed in the wrong order within its core matrices",
+      "forward,wide", "-DSMLA_FWD90_V23=1"),
+    M("gpu_v23_q_fragment", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "16 * (i >> 2) + 8 * ((i >> 1) & 1) + 2 * tig;",
+      "16 * (i >> 2) + 8 * (i & 1) + 2 * tig;",
+      "sm90 v23: the scorer's register part of Q (its last column blocks) read into the "
+      "wrong A-fragment columns", "forward,wide", "-DSMLA_FWD90_V23=1"),
+    M("gpu_v23_q_early", "gpu", "src/cuda/sm90/forward_wgmma.cu",
+      "          if (nq > 0) mbar_wait(qfree_b, (nq - 1u) & 1u);\n          w_load_q<V_QKB>(",
+      "          if (nq > 0 && nq > 1000000u) mbar_wait(qfree_b, (nq - 1u) & 1u);\n"
+      "          w_load_q<V_QKB>(",
+      "sm90 v23 persistent grid: the next unit's Q loaded without waiting for the scorer's "
+      "last S of the unit before", "wide_persistent", "-DSMLA_FWD90_V23=1"),
     M("gpu_split_rest_7bit", "gpu", "src/cuda/backend.c",
       "    plan->split_rest = s; /* forced: up to 1024, so not in split_table's 8-bit code */",
       "    plan->split_rest = s & 0x7f; /* forced: up to 1024, so not in split_table's 8-bit code */",
@@ -378,16 +416,26 @@ def main():
     ap.add_argument("--md", help="also write the result table here (markdown)")
     ap.add_argument("--keep", help="work in this folder and keep it (default: a temp folder)")
     ap.add_argument("--from-build", help="start from this build folder of the working tree "
-                    "(made by `make` with the same CUDA setting; saves the first full build)")
+                    "(made by `make` with the same CUDA setting and NVCC_EXTRA; saves the "
+                    "first full build)")
+    ap.add_argument("--nvcc-extra", default="",
+                    help="build the tree and every mutant with these nvcc flags (an "
+                    "experiment build, e.g. -DSMLA_FWD90_V23=1); the mutants of code that "
+                    "only such a build has run only when their flag is here")
     args = ap.parse_args()
 
-    todo = [m for m in MUTANTS if m.target == args.target]
+    todo = [m for m in MUTANTS if m.target == args.target and
+            (not m.flags or m.flags in args.nvcc_extra.split())]
     if args.only:
         names = args.only.split(",")
         unknown = [n for n in names if n not in {m.name for m in MUTANTS}]
         if unknown:
             sys.exit("mutants: unknown mutant(s) %s (--list names them)" % ", ".join(unknown))
         todo = [m for m in MUTANTS if m.name in names]
+        unbuilt = [m.name for m in todo if m.flags and m.flags not in args.nvcc_extra.split()]
+        if unbuilt:  # its code would not be compiled: it would survive and prove nothing
+            sys.exit("mutants: %s need --nvcc-extra=%s" % (", ".join(unbuilt), todo[0].flags
+                     if len({m.flags for m in todo if m.flags}) == 1 else "(their flags)"))
     if args.list:
         for m in todo:
             print("%-26s %-4s %-34s %s" % (m.name, m.target, m.path, m.what))
@@ -423,6 +471,8 @@ def main():
     logs = os.path.join(work, "logs")
     os.makedirs(logs, exist_ok=True)
     make = ["make", "-s", "BUILD=build"] + ([] if gpu else ["CUDA=0"])
+    if args.nvcc_extra:
+        make.append("NVCC_EXTRA=" + args.nvcc_extra)
     targets = ["build/test_smla", "lib"]
 
     print("mutants: %d %s mutant(s), work folder %s" % (len(todo), args.target, work))
