@@ -1457,9 +1457,12 @@ __global__ void __launch_bounds__(V_BLOCK, 1)
  * warp (256). One SM alone brings a 64-row tile in 1.25 us with 256 gather threads against
  * 1.72 with 128 (H100, bench/gather.cu, bench/RESULTS.md session 27 call 4), and at few rows
  * (decode) a block's tile waits on its gathers. 32 heads a block keep one (the compute
- * warpgroup's O^T needs the registers). */
+ * warpgroup's O^T needs the registers). The default since session 29 (H100, cold /
+ * amortized against one, bench/RESULTS.md session 29 call 2): T = 1 N = 8 and 16 0.3-0.4
+ * us faster amortized (8.3-8.5 against 8.7-8.9), 0.0-0.3 cold; T = 16 N = 16 0.3 faster;
+ * T = 64 and 1024 level; the whole suite and the sanitizer clean. */
 #ifndef SMLA_FWD90S_GATHER_WGS
-#define SMLA_FWD90S_GATHER_WGS 1
+#define SMLA_FWD90S_GATHER_WGS 2
 #endif
 #define WS_GWG(hg) ((hg) <= 16 ? SMLA_FWD90S_GATHER_WGS : 1)
 #define WS_BLOCK(hg) (128 + 128 * WS_GWG(hg))
