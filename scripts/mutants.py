@@ -9,8 +9,8 @@ a missing test, and this script then exits 1.
                                               the mutants in parallel, then tests each)
   python3 scripts/mutants.py --list           the list, with what each one breaks
   python3 scripts/mutants.py --only a,b       just these
-  --nvcc-extra=-DSMLA_FWD90_V23=1             the tree and mutants built as that experiment
-                                              (adds the mutants of its own code, gpu_v23_*)
+  --nvcc-extra="-DSMLA_FWD90_X=1"             the tree and mutants built as an experiment
+                                              (adds the mutants whose flags name it)
   --md FILE                                   also write the result table as markdown
 
 Each mutant names one exact piece of source that must occur exactly once: when the code
@@ -300,40 +300,6 @@ MUTANTS = [
       "      w_load_q<KB>(",
       "sm90 persistent grid: the next unit's Q loaded without waiting for the last S of the "
       "unit before (its last tiles' S read the next row's queries)", "wide_persistent"),
-    # v23 (SMLA_FWD90_V23=1 builds: --nvcc-extra=-DSMLA_FWD90_V23=1)
-    M("gpu_v23_no_rescale", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "        if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);\n        /* P without",
-      "        /* P without",
-      "sm90 v23: the accumulators never rescale O when the scorer's reference max moves",
-      "forward,wide", "-DSMLA_FWD90_V23=1"),
-    M("gpu_v23_regs_pair_swapped", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "*(uint2 *)(d + 128 * h + 16 * q + 8 * odd) =\n"
-      "            odd ? make_uint2(got, w1) : make_uint2(w0, got);",
-      "*(uint2 *)(d + 128 * h + 16 * q + 8 * odd) =\n"
-      "            odd ? make_uint2(w1, got) : make_uint2(got, w0);",
-      "sm90 v23 persistent grid: the rows stored from the registers (a unit with a next one) "
-      "with each lane pair's column pairs swapped", "wide_persistent", "-DSMLA_FWD90_V23=1"),
-    M("gpu_v23_mask_shift", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "((uint64_t)mk[1] << 12)",
-      "((uint64_t)mk[1] << 16)",
-      "sm90 v23: the scorer joins the gather warps' used-entry bits at the wrong offset",
-      "forward,wide", "-DSMLA_FWD90_V23=1"),
-    M("gpu_v23_p_core_rows", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "(r >> 3) * 128 + (r & 7) * 16 + (c & 7) * 2",
-      "(r & 7) * 128 + (r >> 3) * 16 + (c & 7) * 2",
-      "sm90 v23: P's rows placed in the wrong order within its core matrices",
-      "forward,wide", "-DSMLA_FWD90_V23=1"),
-    M("gpu_v23_q_fragment", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "16 * (i >> 2) + 8 * ((i >> 1) & 1) + 2 * tig;",
-      "16 * (i >> 2) + 8 * (i & 1) + 2 * tig;",
-      "sm90 v23: the scorer's register part of Q (its last column blocks) read into the "
-      "wrong A-fragment columns", "forward,wide", "-DSMLA_FWD90_V23=1"),
-    M("gpu_v23_q_early", "gpu", "src/cuda/sm90/forward_wgmma.cu",
-      "          if (nq > 0) mbar_wait(qfree_b, (nq - 1u) & 1u);\n          w_load_q<V_QKB>(",
-      "          if (nq > 0 && nq > 1000000u) mbar_wait(qfree_b, (nq - 1u) & 1u);\n"
-      "          w_load_q<V_QKB>(",
-      "sm90 v23 persistent grid: the next unit's Q loaded without waiting for the scorer's "
-      "last S of the unit before", "wide_persistent", "-DSMLA_FWD90_V23=1"),
     M("gpu_split_rest_7bit", "gpu", "src/cuda/backend.c",
       "    plan->split_rest = s; /* forced: up to 1024, so not in split_table's 8-bit code */",
       "    plan->split_rest = s & 0x7f; /* forced: up to 1024, so not in split_table's 8-bit code */",
@@ -420,7 +386,7 @@ def main():
                     "first full build)")
     ap.add_argument("--nvcc-extra", default="",
                     help="build the tree and every mutant with these nvcc flags (an "
-                    "experiment build, e.g. -DSMLA_FWD90_V23=1); the mutants of code that "
+                    "experiment build, e.g. -DSMLA_FWD90_PERSIST=0); the mutants of code that "
                     "only such a build has run only when their flag is here")
     args = ap.parse_args()
 

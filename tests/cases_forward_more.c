@@ -387,7 +387,7 @@ static void c_wide_n48_k1(t_case *tc) { wide(tc, 3, 48, 1, 64, 0.0f, 0, 0); }
  * refilled (v11's shortest exchange both ways). */
 static void c_wide_n64_two_tiles(t_case *tc) { wide(tc, 2, 64, 128, 64, 0.0f, 0, 1); }
 /* One split of 33 tiles (34 with Dr 0): on an sm90 device the wgmma kernel's tile loop
- * (v11, the relay, or the version an experiment build selects, such as v23; at N <= 32
+ * (v11, the relay, or another version an experiment build selects; at N <= 32
  * the small-head kernel's) over a long split with an odd tile count, an empty row and a
  * random length each. The case checks that the plan's describe names a 64-head tile loop
  * (or the small-head tiles), so that a plan that fell back to another kernel cannot pass
@@ -438,7 +438,7 @@ static void c_wide_n64_dr0_unsplit(t_case *tc) { unsplit(tc, 64, 2150, 0, 5.0f, 
  * 300 rows of N = 64 (Dr 64, sink) and 150 of N = 128 (Dr 0, softcap), K = 150 with the wide
  * cases' lengths (an empty row: a unit with no tile; one, two or three tiles a unit) and
  * planted slots, and 200 of N = 100 (Dr 64, sink: a partial second group). In the
- * persistent grid (v14, the default since session 22; v23's in its builds) a block takes
+ * persistent grid (v14, the default since session 22) a block takes
  * several of these units in turn: the tile counts then move the stage a unit starts in and
  * whether a warpgroup owns a tile of it, and the empty row takes no part in the Q handshake.
  * On an sm90 device the plan must name the persistent grid, so that these rows cannot pass

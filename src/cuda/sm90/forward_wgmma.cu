@@ -3,13 +3,12 @@
  * per block (SPEC §3), tensor cores through wgmma with both operands in shared memory (and
  * P from registers); and, at the end, the small-head kernel (N <= 32 by default: heads on
  * the wgmma N axis; the plan gives the generic kernel the fewest rows, where it is faster).
- * Design, napkin math and every measured version (v1-v22; v2-v8's code is in the git
+ * Design, napkin math and every measured version (v1-v23; v2-v8's code is in the git
  * history, v3 / v7 last at d2d16d7, v12 at 8663169, v13 at f3d4a0c, v15 (tile pairs) at
  * dea8388, v16 (S before the cross PV) at 6c73d08, v18 (two gather warpgroups) at dcf51d5,
  * v19 (either event first) at b193fe8, v20 (the column pair, 2-block clusters) at d70d269,
- * v22 (the scorer: S and softmax on a third compute warpgroup) at e5161fd; v23 (three
- * 48-row stages, the scorer a tile ahead, a persistent grid; built, not yet run on a GPU)
- * below, -DSMLA_FWD90_V23=1/2):
+ * v22 (the scorer: S and softmax on a third compute warpgroup) at e5161fd, v23 (three
+ * 48-row stages, the scorer a tile ahead, a persistent grid) at 37bc82a):
  * docs/design/cuda-sm90-forward.md.
  *
  * Work: units (row t, group of 64 heads, KV split), the same grid, split policy,
@@ -266,8 +265,8 @@ __device__ __forceinline__ void w11_pv_rs(float O[2][64], const uint32_t pa[16],
 /* O[:, 256 wg + ...] += P V over KS k-steps of 16 entries, one commit group: V the rows of
  * the stage at kvb (column blocks BLK bytes apart, read MN-major), P from shared memory at
  * p_s, K-major, a k-step PKSTEP bytes on: in the 128-byte swizzle (PLBO = 0: v11's [64][64]
- * block) or without swizzle (v23's [64][48]: core matrices PLBO bytes apart along K, PSBO
- * along M). */
+ * block) or without swizzle (v23's [64][48], code at 37bc82a: core matrices PLBO bytes
+ * apart along K, PSBO along M). */
 template <int KS, uint32_t BLK, uint32_t PKSTEP = 32, uint32_t PLBO = 0, uint32_t PSBO = 0>
 __device__ __forceinline__ void w_pv_ss(float O[2][64], uint32_t p_s, uint32_t kvb, int wg) {
   w11_pin_o(O);
@@ -356,7 +355,7 @@ __device__ __forceinline__ void w11_cross_scale(const float *xmj, int r0, float 
 /* OWN(j), once S(j) is in s: logits scaled and masked (um: this thread's used bits), the
  * row max from m(j-1) (m_run becomes m(j)), P(j) to pa, and the factor alpha and the sums
  * lsum with which the caller moves l and O, once no PV into O is in flight. NB: n8 column
- * blocks of the tile (8: v11's 64 entries; 6: v23's 48). */
+ * blocks of the tile (8: v11's 64 entries; 6 was v23's 48). */
 template <int NB = 8>
 __device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, float s[4 * NB],
                                                 uint64_t um, float m_run[2], float m_top[2],
@@ -898,527 +897,6 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   fwd_count_bad(a, 0, bad);
 }
 
-/* ---- v23: three 48-row stages, the scorer ahead by a tile (sessions 28-29; SMLA_FWD90_V23;
- * docs/design/cuda-sm90-forward.md, "v23") ----------------------------------------------
- * v22 split the chain by role (a scorer warpgroup for S and the softmax, two accumulator
- * warpgroups for P V) and lost because S(j + 1) could only start once tile j + 1 had
- * landed in the stage tile j - 1 frees, so the scorer's softmax ran with nothing of its own
- * on the tensor cores. v23 makes room for a third tile in flight: tiles of 48 entries (a
- * stage is 9 column blocks of [48 rows][128 B], 54 KB), three stages (162 KB), and Q's last
- * KB - 7 column blocks (the rope columns and 64 more at dr = 64) held in the scorer's
- * registers as the A fragments of RS wgmma, so that Q keeps 56 KB of shared memory.
- *   the scorer (warpgroup 2, V_REG_SCORER registers): for every tile j, wait for tile j + 1 and issue
- *     S(j + 1) = Q K^T (28 wgmma m64n48k16 from shared memory, 4 (KB - 7) from registers),
- *     then wait for S(j) (issued a step earlier), the softmax of tile j with its own row
- *     state (v11's w11_own_softmax over 6 n8 blocks), P(j) (bf16, [64][48]) to the stage's P
- *     block and each row's factor alpha(j) to xa, arrive on pready. S(j + 1) thus runs on
- *     the tensor cores under softmax(j). At a unit's end it applies the row rules (1 / l,
- *     sink, lse, max_logit) and hands each row's factor and output row to the accumulators.
- *   the accumulators (warpgroups 0 and 1, V_REG_ACC registers): v22's: wait on pready, O *= alpha
- *     where a row of the warp moved, O += P(j) V(j) (3 k-steps of 2 wgmma m64n128k16 from
- *     shared memory), wait for it, release the stage (8 warp arrivals).
- *   the gather warpgroup (3, V_REG_GATHER registers): Q's first 7 column blocks, then every tile into
- *     stage j % 3 once tile j - 3's PVs are done, 12 rows a warp, and each warp's 12 used
- *     bits (a 16-bit word a warp and stage).
- * P's rows are 96 bytes, which no swizzle atom holds: P is laid out as 8-row x 16-byte core
- * matrices without swizzle (v_p_off), in the stage's rope block at dr = 64 (only S reads it)
- * or in a P block of its own at dr = 0. One split, no cluster merge; a persistent grid
- * (SMLA_FWD90_V23_PERSIST, below) or one unit a block; the plan's other shapes run v11 /
- * v14. */
-#ifndef SMLA_FWD90_V23
-#define SMLA_FWD90_V23 0
-#endif
-#if SMLA_FWD90_V23
-#define V_ROWS 48                 /* entries a tile */
-#define V_KB_BYTES (V_ROWS * 128) /* one [48 rows][128 B] column block of a stage */
-#define V_QKB 7                   /* Q's column blocks in shared memory (the rest: registers) */
-#define V_BLOCK 512
-/* Registers a thread of each role (setmaxnreg): the 512 threads share the 64K of the SM. */
-#ifndef V_REG_GATHER
-#define V_REG_GATHER 40
-#endif
-#ifndef V_REG_SCORER
-#define V_REG_SCORER 152
-#endif
-#ifndef V_REG_ACC
-#define V_REG_ACC 160
-#endif
-static_assert(128 * (V_REG_GATHER + V_REG_SCORER + 2 * V_REG_ACC) <= 65536, "v23's registers");
-/* SMLA_FWD90_V23=2: each accumulator refills the column blocks it alone reads (V23's second
- * form; the gather warpgroup then copies the rope block, the slots and the used bits). */
-#define V_REFILL (SMLA_FWD90_V23 >= 2)
-
-struct v_layout {
-  uint32_t q, kv, p, xa, rf, dst, mask, sring, bar, total;
-};
-
-__host__ __device__ constexpr v_layout v_layout_of(int dr) {
-  v_layout l = {};
-  const uint32_t kb = (uint32_t)((512 + dr) / 64);
-  l.q = 0;
-  l.kv = V_QKB * W_KB_BYTES;
-  l.p = l.kv + 3u * kb * V_KB_BYTES; /* dr = 0: [3 stages] P blocks of 6 KB */
-  l.xa = dr ? l.p : l.p + 3u * V_KB_BYTES; /* [3 stages][64] float: alpha of the tile */
-  /* The unit's row epilogue, by the scorer for the accumulators: [64] float, each row's
-   * output factor; [64] pointers, each row's output row (NULL: a head past N). */
-  l.rf = l.xa + 3u * 64u * 4u;
-  l.dst = l.rf + 64u * 4u;
-  /* [4][4 gather warps] uint16 used bits: by stage (V23 = 1) or by tile % 4 (= 2) */
-  l.mask = l.dst + 64u * 8u;
-  l.sring = l.mask + 32u; /* V23 = 2: [4][48] int32, the slots of tile j % 4 (-1: unused) */
-  /* mbarriers full[3], empty[3], pready[3], sready[4], qfree, rready, rfree */
-  l.bar = l.sring + 4u * 48u * 4u;
-  l.total = l.bar + 16u * 8u;
-  return l;
-}
-static_assert(v_layout_of(64).total + 1024u <= 232448u, "v23 layout, dr = 64");
-static_assert(v_layout_of(0).total + 1024u <= 232448u, "v23 layout, dr = 0");
-static_assert(W_HEADS * W_OST_STRIDE * 4 <= 3u * 8u * V_KB_BYTES, "v23's staged O: the stages");
-
-/* Byte offset of 16-byte chunk c of row r in a stage (128-byte swizzle, 6 KB blocks). */
-__device__ __forceinline__ uint32_t v_chunk(int r, int c) {
-  return (uint32_t)((c >> 3) * V_KB_BYTES + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-
-/* Byte offset of P's element (row r, entry c) in the P block: core matrices of 8 rows x 8
- * entries (128 contiguous bytes), the 8 row groups of entry group c / 8 in a 1 KB run. */
-__device__ __forceinline__ uint32_t v_p_off(int r, int c) {
-  return (uint32_t)((c >> 3) * 1024 + (r >> 3) * 128 + (r & 7) * 16 + (c & 7) * 2);
-}
-
-/* The raw index entry k of the row, or -1 past the end. */
-__device__ __forceinline__ int32_t v_raw(const int32_t *slot_row, int k, int kend) {
-  return k < kend ? __ldg(slot_row + k) : -1;
-}
-
-/* S = Q K^T of the stage at kvb into s (zeroed here): Q's first V_QKB blocks from shared
- * memory, the rest from qa (this thread's A fragments, 4 registers a k-step). One commit
- * group; the caller waits. */
-template <int KB>
-__device__ __forceinline__ void v_s_issue(float s[24], uint32_t q_s, uint32_t kvb,
-                                          const uint32_t *qa) {
-#pragma unroll
-  for (int i = 0; i < 24; i++) s[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 24; i++) wg_pin(s[i]);
-  wg_fence();
-#pragma unroll
-  for (int kb = 0; kb < V_QKB; kb++)
-#pragma unroll
-    for (int k4 = 0; k4 < 4; k4++)
-      wgmma_m64n48k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
-                         wg_desc(kvb + kb * V_KB_BYTES + k4 * 32, 16, 1024));
-#pragma unroll
-  for (int kb = V_QKB; kb < KB; kb++)
-#pragma unroll
-    for (int k4 = 0; k4 < 4; k4++)
-      wgmma_m64n48k16_rs(s, qa + 16 * (kb - V_QKB) + 4 * k4,
-                         wg_desc(kvb + kb * V_KB_BYTES + k4 * 32, 16, 1024));
-  wg_commit();
-}
-
-/* Where tile j is the last, one wgmma into nxt in place of S(j + 1), so that every path
- * leaves the same accumulators in flight (else ptxas serializes every wgmma of the loop);
- * its result is never read. */
-__device__ __forceinline__ void v_s_dummy(float s[24], uint32_t q_s) {
-#pragma unroll
-  for (int i = 0; i < 24; i++) s[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 24; i++) wg_pin(s[i]);
-  wg_fence();
-  wgmma_m64n48k16_ss(s, wg_desc(q_s, 16, 1024), wg_desc(q_s, 16, 1024));
-  wg_commit();
-}
-
-/* The scorer's step at tile j of the unit (the block's tile g0 + j; stage st, phase parity
- * par): S(j + 1) issued into nxt once its tile has landed, S(j) (in cur) waited for, its
- * softmax, P(j) and alpha(j) out. */
-template <int KB, int DR>
-__device__ __forceinline__ void v_score_step(const smla_cuda_fwd_args &a, uint8_t *smem,
-                                             uint32_t sbase, const v_layout &L, int j,
-                                             int ntiles, uint32_t g0, uint32_t &st, uint32_t &par,
-                                             float cur[24], float nxt[24], const uint32_t *qa,
-                                             float m_run[2], float l_run[2], float m_top[2]) {
-  constexpr uint32_t TILE = KB * V_KB_BYTES;
-  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
-  const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
-  const uint32_t kv_s = sbase + L.kv, full_b = sbase + L.bar, pready_b = full_b + 48u;
-  const uint32_t st1 = st == 2u ? 0u : st + 1u, par1 = st == 2u ? par ^ 1u : par;
-  if (j + 1 < ntiles) {
-    mbar_wait(full_b + 8u * st1, par1); /* tile j + 1 */
-    fence_proxy_async();
-    v_s_issue<KB>(nxt, sbase + L.q, kv_s + st1 * TILE, qa);
-  } else {
-    v_s_dummy(nxt, sbase + L.q);
-  }
-  wg_wait<1>(); /* S(j) */
-#pragma unroll
-  for (int i = 0; i < 24; i++) wg_pin(cur[i]);
-  if (j >= ntiles) return; /* the pair's second step past an odd tile count */
-  const uint32_t st0 = st;
-  st = st1, par = par1; /* the next unit starts where this one ends */
-  const volatile uint16_t *mk = (const volatile uint16_t *)(smem + L.mask) +
-                                4u * (V_REFILL ? (g0 + (uint32_t)j) & 3u : st0);
-  const uint64_t word = (uint64_t)mk[0] | ((uint64_t)mk[1] << 12) | ((uint64_t)mk[2] << 24) |
-                        ((uint64_t)mk[3] << 36);
-  uint32_t pa[12];
-  float alpha[2], lsum[2];
-  bool moved;
-  w11_own_softmax<6>(a, cur, word >> (2 * tig), m_run, m_top, pa, alpha, lsum, moved);
-  uint8_t *pb = DR ? smem + L.kv + st0 * TILE + 8u * V_KB_BYTES : smem + L.p + st0 * V_KB_BYTES;
-#pragma unroll
-  for (int n = 0; n < 6; n++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++)
-      *(uint32_t *)(pb + v_p_off(r0 + 8 * hh, 8 * n + 2 * tig)) = pa[2 * n + hh];
-  float *xa = (float *)(smem + L.xa) + 64u * st0;
-  if (tig == 0)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) xa[r0 + 8 * hh] = alpha[hh];
-  fence_proxy_async(); /* P visible to the accumulators' wgmma */
-  mbar_arrive(pready_b + 8u * st0);
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
-}
-
-/* V_REFILL: accumulator warpgroup wg copies the block's tile gj's rows into its own column
- * blocks 4 wg .. 4 wg + 3 of stage st (which only its PV and S read: S(gj - 3) and its PV
- * are done), with the slots the gather warpgroup left in the ring, and arrives on full once
- * they land. */
-template <int KB>
-__device__ __forceinline__ void v_refill(const smla_cuda_fwd_args &a, uint8_t *smem,
-                                         uint32_t sbase, const v_layout &L, uint32_t gj,
-                                         uint32_t st, int wg) {
-  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
-  const int rl = lane >> 3, cl = lane & 7;
-  const uint32_t ri = gj & 3u;
-  mbar_wait(sbase + L.bar + 72u + 8u * ri, (gj >> 2) & 1u); /* sready[ri] */
-  const volatile int32_t *ring = (const volatile int32_t *)(smem + L.sring) + 48u * ri;
-  const uint32_t kvb = sbase + L.kv + st * (uint32_t)(KB * V_KB_BYTES);
-#pragma unroll
-  for (int rg = 0; rg < 3; rg++) {
-    int row = 12 * wq + 4 * rg + rl;
-    asm volatile("mov.b32 %0, %0;" : "+r"(row)); /* addresses not hoisted (spills) */
-    const int32_t sl = ring[row];
-    const uint8_t *src = a.cache + (sl >= 0 ? (int64_t)sl * a.row_bytes : 0);
-#if !SMLA_PROBE_NO_GATHER
-#pragma unroll
-    for (int cb = 4 * wg; cb < 4 * wg + 4; cb++)
-      cp_async_16(kvb + v_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), sl >= 0 ? 16u : 0u);
-#else
-    (void)src, (void)kvb, (void)cl;
-#endif
-  }
-  mbar_arrive_cp_async_noinc(sbase + L.bar + 8u * st);
-}
-
-/* A final bf16 row straight from the accumulators' registers (the persistent grid's
- * epilogue, where the stages already belong to the next unit): this thread's row r0 + 8 hh
- * of O times f, to columns 256 wg.. of out_row (NULL: a head past N, nothing stored). Each
- * lane pairs with its neighbour (tig ^ 1) so that a store is 8 bytes and a warp's store
- * fills one 32-byte sector of each of its 8 rows; every lane runs the shuffles. (v14's
- * epilogue has the same stores inline: written through this helper its SASS changed, so it
- * waits for a device run to be moved over.) */
-__device__ __forceinline__ void v_store_row_regs(const float O[2][64], int hh, uint16_t *out_row,
-                                                 int wg, float f, int tig) {
-  const bool odd = tig & 1, live = out_row != NULL;
-  uint16_t *d = live ? out_row + 256 * wg + 2 * (tig & ~1) : NULL;
-#pragma unroll
-  for (int h = 0; h < 2; h++)
-#pragma unroll
-    for (int q = 0; q < 8; q++) {
-      const uint32_t w0 = pack_bf16x2(O[h][8 * q + 2 * hh] * f, O[h][8 * q + 2 * hh + 1] * f);
-      const uint32_t w1 =
-          pack_bf16x2(O[h][8 * q + 4 + 2 * hh] * f, O[h][8 * q + 4 + 2 * hh + 1] * f);
-      const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? w0 : w1, 1);
-      if (live) /* columns 16 q + 8 odd + 2 (tig & ~1) .. + 3 of this half */
-        *(uint2 *)(d + 128 * h + 16 * q + 8 * odd) =
-            odd ? make_uint2(got, w1) : make_uint2(w0, got);
-    }
-}
-
-/* Tiles of a unit (V_ROWS entries a tile). */
-__device__ __forceinline__ int v_ntiles(const fwd_block &b) {
-  return b.kend > b.ks ? (b.kend - b.ks + V_ROWS - 1) / V_ROWS : 0;
-}
-
-/* SMLA_FWD90_V23_PERSIST (default 1; V23 = 1 only: the refill's first three tiles of a
- * unit would wait on the previous unit's stages): v23 as a persistent grid of
- * a.resident_blocks blocks, each taking units bid = blockIdx.x, + gridDim.x, .., as v14:
- * the next unit's Q (once the scorer's last S of this one is done) and first tiles (once
- * their stages' PVs are) load under this unit's last tiles and epilogue; a unit with a next
- * one stores its rows from the registers, the block's last unit stages them. Stages and
- * their phases run on across units (the block's tile count g). 0: one block a unit. */
-#ifndef SMLA_FWD90_V23_PERSIST
-#define SMLA_FWD90_V23_PERSIST 1
-#endif
-#define V_PERSIST (SMLA_FWD90_V23_PERSIST && !V_REFILL)
-
-template <int DR>
-__global__ void __launch_bounds__(V_BLOCK, 1)
-    fwd90_v23_kernel(const __grid_constant__ smla_cuda_fwd_args a) {
-  constexpr int KB = (512 + DR) / 64;
-  constexpr uint32_t TILE = KB * V_KB_BYTES;
-  const float NEG_INF = -INFINITY;
-
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  const uint32_t raw_base = smem_addr(smem_raw);
-  const uint32_t sbase = (raw_base + 1023u) & ~1023u;
-  uint8_t *smem = smem_raw + (sbase - raw_base);
-  const v_layout L = v_layout_of(DR);
-  float *rf_s = (float *)(smem + L.rf);
-  void **dst_s = (void **)(smem + L.dst);
-
-  const int tid = threadIdx.x, lane = tid & 31;
-  const int wg = tid >> 7, wq = (tid >> 5) & 3;
-  const int g = lane >> 2, tig = lane & 3;
-  const int r0 = 16 * wq + g;
-
-  if (a.pdl) griddep_wait();
-  /* Units (t, group) bid = blockIdx.x, + gridDim.x, .. (one split): each role counts and
-   * decodes them after its setmaxnreg (values carried across the register split were
-   * spilled). */
-#define V_UNITS() const uint32_t units = (uint32_t)(a.num_tokens * a.groups * a.num_splits)
-  const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv;
-  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 24u, pready_b = full_b + 48u;
-  const uint32_t sready_b = full_b + 72u, qfree_b = full_b + 104u, rready_b = full_b + 112u,
-                 rfree_b = full_b + 120u;
-  if (tid == 0) {
-    /* full: the gather warpgroup's 128 copies and 4 mask arrivals (V_REFILL: and the two
-     * accumulators' 256); empty: the 8 accumulator warps; pready: the scorer's 128
-     * threads; sready (V_REFILL): the gather warpgroup's 128 threads, a tile's slots;
-     * qfree: the scorer's 128 threads once a unit with tiles, its last S done (Q's blocks
-     * may be refilled); rready: the scorer's 128, once a unit, the rows' factors and
-     * output rows written; rfree: the 8 accumulator warps, once a unit, those read. */
-    for (uint32_t s = 0; s < 3u; s++)
-      mbar_init(full_b + 8u * s, V_REFILL ? 388 : 132), mbar_init(empty_b + 8u * s, 8),
-          mbar_init(pready_b + 8u * s, 128);
-    for (uint32_t s = 0; s < 4u; s++) mbar_init(sready_b + 8u * s, 128);
-    mbar_init(qfree_b, 128), mbar_init(rready_b, 128), mbar_init(rfree_b, 8);
-  }
-  __syncthreads();
-  if (wg == 3) { /* the gather warpgroup */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(V_REG_GATHER) : "memory");
-    V_UNITS();
-    unsigned bad = 0; /* entries >= S or < -1 this thread counted, in units of group 0 */
-    const int pw = (tid - 384) >> 5, cl = lane & 7, rl = lane >> 3;
-    const int my_row = 12 * pw + lane % 12; /* lanes 12.. hold rows again */
-    volatile uint16_t *mk = (volatile uint16_t *)(smem + L.mask);
-    volatile int32_t *ring = (volatile int32_t *)(smem + L.sring);
-    uint32_t gt = 0, nq = 0; /* the block's tiles and Q loads so far */
-#pragma unroll 1
-    for (uint32_t bid = blockIdx.x; bid < units; bid += gridDim.x) {
-      const fwd_block blk = fwd_block_at(a, bid);
-      const int ntiles = v_ntiles(blk);
-      if (ntiles == 0) continue; /* no Q, no tiles, no qfree handshake */
-      const bool counts = blk.grp == 0; /* bad slots: counted once a row */
-      int32_t slot_n = slot_of(a, blk.req, v_raw(blk.slot_row, blk.ks + my_row, blk.kend));
-      int32_t raw_n = v_raw(blk.slot_row, blk.ks + V_ROWS + my_row, blk.kend);
-#pragma unroll 1
-      for (int j = 0; j < ntiles; j++, gt++) {
-        /* stage gt % 3, phase parity (gt / 3) & 1 (derived: two registers fewer) */
-        const uint32_t g3 = gt / 3u, st = gt - 3u * g3, par = g3 & 1u;
-        if (!V_REFILL && gt >= 3) mbar_wait(empty_b + 8u * st, par ^ 1u); /* tile gt - 3's PVs */
-        const int32_t sc = slot_n;
-        slot_n = slot_of(a, blk.req, raw_n);
-        raw_n = v_raw(blk.slot_row, blk.ks + V_ROWS * (j + 2) + my_row, blk.kend);
-        unsigned nb = 0;
-        const int u_mine = entry_used(a, sc, blk.ks + V_ROWS * j + my_row, blk.kend, 0, &nb);
-        bad += lane < 12 && counts ? nb : 0u;
-        const unsigned bits = __ballot_sync(0xffffffffu, u_mine) & 0xfffu;
-        const uint32_t mi = V_REFILL ? gt & 3u : st; /* the used bits' slot */
-        if (V_REFILL) { /* the slots for the accumulators, then this tile's rope block */
-          if (lane < 12) ring[48u * mi + my_row] = u_mine ? sc : -1;
-          mbar_arrive(sready_b + 8u * mi);
-        }
-        /* V_REFILL: tile gt - 3's full phase may still be open (the accumulators' copies),
-         * so this tile's arrivals on full wait for its PVs too. */
-        if (V_REFILL && gt >= 3) mbar_wait(empty_b + 8u * st, par ^ 1u); /* P(gt - 3) read */
-        if (lane == 0) {
-          mk[4u * mi + (uint32_t)pw] = (uint16_t)bits;
-          mbar_arrive(full_b + 8u * st);
-        }
-        const uint32_t kvb = kv_s + st * TILE;
-#pragma unroll 1
-        for (int rg = 0; rg < 3; rg++) {
-          const int rr = 4 * rg + rl, row = 12 * pw + rr;
-          const int32_t sl = __shfl_sync(0xffffffffu, sc, rr);
-          const int u = __shfl_sync(0xffffffffu, u_mine, rr);
-          const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
-#if !SMLA_PROBE_NO_GATHER
-#pragma unroll
-          for (int cb = V_REFILL ? 8 : 0; cb < KB; cb++) /* V_REFILL: the rope block only */
-            cp_async_16(kvb + v_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
-#else
-          (void)src, (void)kvb, (void)row;
-#endif
-        }
-        if (j == 0) {
-          /* Q after tile 0's copies (which need only their stage, so they go out while the
-           * previous unit's last tiles run), once the scorer's last S of that unit is
-           * done; this thread's arrival on tile 0's full below then covers Q's copies too. */
-          if (nq > 0) mbar_wait(qfree_b, (nq - 1u) & 1u);
-          w_load_q<V_QKB>(a, q_s, blk.t, blk.grp * W_HEADS, pw, rl, cl);
-        }
-        mbar_arrive_cp_async_noinc(full_b + 8u * st);
-      }
-      nq++;
-    }
-    fwd_count_bad(a, 0, bad);
-  } else if (wg == 2) { /* the scorer */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(V_REG_SCORER) : "memory");
-    V_UNITS();
-    constexpr int QR = KB - V_QKB; /* Q's column blocks in registers */
-    uint32_t g0 = 0, nu = 0, st = 0, par = 0; /* the block's tiles and units so far */
-#pragma unroll 1
-    for (uint32_t bid = blockIdx.x; bid < units; bid += gridDim.x) {
-      const fwd_block blk = fwd_block_at(a, bid);
-      const int ntiles = v_ntiles(blk), h0 = blk.grp * W_HEADS;
-      float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f}, m_top[2] = {NEG_INF, NEG_INF};
-      if (ntiles > 0) {
-        uint32_t qa[16 * QR];
-#pragma unroll
-        for (int kb = 0; kb < QR; kb++)
-#pragma unroll
-          for (int i = 0; i < 16; i++) { /* k-step i / 4, fragment register i % 4 */
-            const int row = r0 + 8 * (i & 1), head = h0 + row;
-            const int col = 64 * (V_QKB + kb) + 16 * (i >> 2) + 8 * ((i >> 1) & 1) + 2 * tig;
-            qa[16 * kb + i] = head < a.num_heads ? *(const uint32_t *)(q_chunk_src(a, blk.t, head, col >> 3) + (col & 7))
-                                                 : 0u;
-          }
-        float sa[24], sb[24];
-        mbar_wait(full_b + 8u * st, par); /* tile 0 and Q */
-        fence_proxy_async();
-        v_s_issue<KB>(sa, q_s, kv_s + st * TILE, qa);
-        wg_wait<0>();
-        /* Tiles in pairs, sa and sb taking turns. No group is in flight across the loop's
-         * back edge (the wait after each pair: S(j + 2), which ran under softmax(j + 1)):
-         * ptxas serializes every wgmma of the kernel where an accumulator in flight there
-         * is read in the loop (C7514; a 20-line reproduction, session 28). */
-#pragma unroll 1
-        for (int j = 0; j < ntiles; j += 2) {
-          v_score_step<KB, DR>(a, smem, sbase, L, j, ntiles, g0, st, par, sa, sb, qa, m_run,
-                               l_run, m_top);
-          v_score_step<KB, DR>(a, smem, sbase, L, j + 1, ntiles, g0, st, par, sb, sa, qa,
-                               m_run, l_run, m_top);
-          wg_wait<0>();
-        }
-        mbar_arrive(qfree_b); /* every S of the unit done: Q's blocks may take the next one */
-        g0 += (uint32_t)ntiles;
-      }
-      /* The rows' epilogue rules (1 / l, the sink, lse, max_logit: fwd_row_epilogue), here
-       * rather than in the accumulators, whose O leaves no registers for them. */
-      if (nu > 0) mbar_wait(rfree_b, (nu - 1u) & 1u); /* the previous unit's read */
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        float l = l_run[hh];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int row = r0 + 8 * hh, head = h0 + row;
-        if (tig == 0) {
-          void *out = NULL;
-          if (head < a.num_heads) {
-            const fwd_row_out r =
-                fwd_row_epilogue(a, blk.t, 0, head, l, m_run[hh], m_top[hh], true);
-            rf_s[row] = r.f;
-            out = r.out;
-          }
-          dst_s[row] = out; /* NULL: the row is skipped (its rf_s is never read) */
-        }
-      }
-      mbar_arrive(rready_b);
-      nu++;
-    }
-  } else { /* the accumulators: O[:, 256 wg ..] */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(V_REG_ACC) : "memory");
-    V_UNITS();
-    const float *xa_all = (const float *)(smem + L.xa);
-    uint32_t gt = 0, nu = 0, st = 0, par = 0; /* the block's tiles and units so far */
-#pragma unroll 1
-    for (uint32_t bid = blockIdx.x; bid < units; bid += gridDim.x) {
-      const int ntiles = v_ntiles(fwd_block_at(a, bid));
-      float O[2][64];
-#pragma unroll
-      for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int i = 0; i < 64; i++) O[h][i] = 0.0f;
-      /* V_REFILL: one unit a block (the host never gives it a persistent grid), so its
-       * stages are fresh; a grid of fewer blocks would refill stages still in use. */
-      if (V_REFILL)
-#pragma unroll 1
-        for (int j = 0; j < 3 && j < ntiles; j++)
-          v_refill<KB>(a, smem, sbase, L, (uint32_t)j, (uint32_t)j, wg);
-#pragma unroll 1
-      for (int j = 0; j < ntiles; j++, gt++) {
-        const uint32_t kvb = kv_s + st * TILE;
-        const uint32_t pblk = DR ? kvb + 8u * V_KB_BYTES : sbase + L.p + st * V_KB_BYTES;
-        mbar_wait(pready_b + 8u * st, par); /* P(j), alpha(j); tile j landed before it */
-        fence_proxy_async();
-        float f[2];
-        bool moved = false;
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-          f[hh] = xa_all[64u * st + r0 + 8 * hh];
-          moved |= !(f[hh] == 1.0f); /* NaN moves */
-        }
-        if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
-        /* P without swizzle: lbo along K, sbo along M (the PTX ISA's reading of a K-major
-         * operand; not yet run on a GPU: -DSMLA_V23_PSWAP=1 builds the other reading, for
-         * the first device run to fall back on if this one fails its values); a k-step is
-         * 2 core matrices (2 KB) on. */
-#ifdef SMLA_V23_PSWAP
-        w_pv_ss<3, V_KB_BYTES, 2048, 128, 1024>(O, pblk, kvb, wg);
-#else
-        w_pv_ss<3, V_KB_BYTES, 2048, 1024, 128>(O, pblk, kvb, wg);
-#endif
-        wg_wait<0>();
-        w11_pin_o(O);
-        __syncwarp(); /* every lane's read of xa before the release */
-        if (lane == 0) mbar_arrive(empty_b + 8u * st);
-        if (V_REFILL && j + 3 < ntiles) v_refill<KB>(a, smem, sbase, L, gt + 3u, st, wg);
-        st = st == 2u ? 0u : st + 1u;
-        par ^= st == 0u ? 1u : 0u;
-      }
-      const bool last = bid + gridDim.x >= units; /* the block's last unit */
-      if (last) griddep_launch_dependents();
-      mbar_wait(rready_b, nu & 1u); /* the scorer's row factors and output rows */
-      float f[2];
-      uint16_t *orow[2];
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++)
-        f[hh] = rf_s[r0 + 8 * hh], orow[hh] = (uint16_t *)dst_s[r0 + 8 * hh];
-      __syncwarp();
-      if (lane == 0) mbar_arrive(rfree_b);
-      nu++;
-      if (!last) {
-        /* ---- epilogue, a next unit to come: the rows from the registers ---- */
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) v_store_row_regs(O, hh, orow[hh], wg, f[hh], tig);
-        continue;
-      }
-      /* ---- epilogue, the block's last unit: v11's staged rows, through the stages (both
-       * accumulators' last PVs done at the barrier; the scorer's last S before rready; no
-       * tile comes after). dst_s stays: no unit comes after this one to rewrite it. ---- */
-      named_bar_sync(1, W_THREADS);
-      float *ost = (float *)(smem + L.kv);
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        const int row = r0 + 8 * hh, col0 = 256 * wg + 2 * tig;
-        if (!orow[hh]) continue;
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-          for (int nb = 0; nb < 16; nb++)
-            *(float2 *)(ost + row * W_OST_STRIDE + col0 + 128 * h + 8 * nb) =
-                make_float2(O[h][4 * nb + 2 * hh] * f[hh], O[h][4 * nb + 2 * hh + 1] * f[hh]);
-      }
-      named_bar_sync(1, W_THREADS);
-      w_store_rows(a, ost, dst_s, tid >> 5, W_HEADS, W_THREADS / 32);
-    }
-  }
-#undef V_UNITS
-}
-#endif /* SMLA_FWD90_V23 */
 
 /* ---- small heads: swap-AB tiles, N <= 32 (SMLA_FWD90_SMALL) -----------------------------
  * One block per (row t, split), HG = 8, 16 or 32 heads (the fewest that hold N), no matrix
@@ -1737,12 +1215,6 @@ extern "C" int smla_cuda_fwd90_small_heads(int num_heads) {
 /* The tile loop a plan with hb heads a block runs (smla_plan_describe). */
 extern "C" const char *smla_cuda_fwd90_variant(int hb) {
   if (hb < 64) return "swap-AB small-head tiles (heads on the wgmma N axis)";
-#if SMLA_FWD90_V23
-  return V_PERSIST ? "tile loop v23 (scorer, three 48-row stages), one split as a persistent "
-                     "grid, v11 (relay) for splits"
-                   : "tile loop v23 (scorer, three 48-row stages) at one split, v11 (relay) "
-                     "for splits";
-#endif
   return SMLA_FWD90_PERSIST == 1 ? "tile loop v11 (relay), one split as a persistent grid"
                                  : "tile loop v11 (relay)";
 }
@@ -1752,9 +1224,6 @@ extern "C" uint32_t smla_cuda_fwd90_smem_bytes(int dr, int hb) {
   if (hb < 64) return ws_layout_of(dr, hb).total + 1024u;
 #endif
   (void)hb;
-#if SMLA_FWD90_V23
-  if (v_layout_of(dr).total > w_layout_of(dr).total) return v_layout_of(dr).total + 1024u;
-#endif
   return w_layout_of(dr).total + 1024u; /* + slack to align the base to 1024 */
 }
 
@@ -1769,23 +1238,7 @@ static const void *w_kernel(int dr, int hb) {
   return dr == 64 ? (const void *)fwd90_kernel<64> : (const void *)fwd90_kernel<0>;
 }
 
-/* v23 (SMLA_FWD90_V23) runs the 64-head kernel's plans of one split without a cluster
- * merge; v11 / v14 the rest. */
-static const void *w_kernel_v23(int dr) {
-#if SMLA_FWD90_V23
-  return dr == 64 ? (const void *)fwd90_v23_kernel<64> : (const void *)fwd90_v23_kernel<0>;
-#else
-  (void)dr;
-  return NULL;
-#endif
-}
-
 extern "C" cudaError_t smla_cuda_fwd90_prepare(int dr, int hb, int max_smem) {
-  if (hb == 64 && w_kernel_v23(dr)) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        w_kernel_v23(dr), cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
-    if (e != cudaSuccess) return e;
-  }
   return cudaFuncSetAttribute(w_kernel(dr, hb), cudaFuncAttributeMaxDynamicSharedMemorySize,
                               max_smem);
 }
@@ -1846,16 +1299,6 @@ extern "C" cudaError_t smla_cuda_fwd90_launch(int dr, int hb, const smla_cuda_fw
   if (hb < 64 && smla_cuda_fwd90_small_heads(hb) != hb) return cudaErrorInvalidValue;
   cudaLaunchAttribute attr[2];
   void *args[1] = {(void *)a};
-#if SMLA_FWD90_V23
-  if (hb == 64 && a->num_splits == 1 && !C) {
-    const int64_t grid = V_PERSIST && a->resident_blocks > 0 && blocks > a->resident_blocks
-                             ? a->resident_blocks
-                             : blocks;
-    cudaLaunchConfig_t c = w_config((unsigned)grid, V_BLOCK, v_layout_of(dr).total + 1024u, 1,
-                                    a->pdl, stream, attr);
-    return cudaLaunchKernelExC(&c, w_kernel_v23(dr), args);
-  }
-#endif
   int64_t grid = blocks; /* the persistent grid: at most one block a resident slot */
   if (SMLA_FWD90_PERSIST == 1 && hb == 64 && a->num_splits == 1 && !a->cluster_merge &&
       a->resident_blocks > 0 && grid > a->resident_blocks)
