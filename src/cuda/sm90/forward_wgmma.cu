@@ -262,31 +262,21 @@ __device__ __forceinline__ void w11_pv_rs(float O[2][64], const uint32_t pa[16],
   wg_commit();
 }
 
-/* O[:, 256 wg + ...] += P V over KS k-steps of 16 entries, one commit group: V the rows of
- * the stage at kvb (column blocks BLK bytes apart, read MN-major), P from shared memory at
- * p_s, K-major, a k-step PKSTEP bytes on: in the 128-byte swizzle (PLBO = 0: v11's [64][64]
- * block) or without swizzle (v23's [64][48], code at 37bc82a: core matrices PLBO bytes
- * apart along K, PSBO along M). */
-template <int KS, uint32_t BLK, uint32_t PKSTEP = 32, uint32_t PLBO = 0, uint32_t PSBO = 0>
-__device__ __forceinline__ void w_pv_ss(float O[2][64], uint32_t p_s, uint32_t kvb, int wg) {
+/* v11's cross PV: O[:, 256 wg + ...] += P V over the 4 k-steps of the stage at kvb (V read
+ * MN-major), P from the [64][64] block at p_s (K-major, 128-byte swizzle); one commit group. */
+__device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t kvb, int wg) {
   w11_pin_o(O);
   wg_fence();
 #pragma unroll
-  for (int k = 0; k < KS; k++) {
-    const uint64_t da = PLBO ? wg_desc_plain(p_s + PKSTEP * k, PLBO, PSBO)
-                             : wg_desc(p_s + PKSTEP * k, 16, 1024);
+  for (int k = 0; k < 4; k++) {
+    const uint64_t da = wg_desc(p_s + 32u * k, 16, 1024);
 #pragma unroll
     for (int h = 0; h < 2; h++)
       wgmma_m64n128k16_ss_tb(O[h], da,
-                             wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * BLK + k * 16 * 128),
-                                     BLK, 1024));
+                             wg_desc(kvb + (uint32_t)((4 * wg + 2 * h) * W_KB_BYTES + k * 16 * 128),
+                                     W_KB_BYTES, 1024));
   }
   wg_commit();
-}
-
-/* v11's cross PV: the 64 entries of the stage at kvb, P from the [64][64] block at p_s. */
-__device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t kvb, int wg) {
-  w_pv_ss<4, W_KB_BYTES>(O, p_s, kvb, wg);
 }
 
 /* A probe build (kind 12 since session 23; kind 11 before) sums compute thread 0's time over
@@ -354,13 +344,12 @@ __device__ __forceinline__ void w11_cross_scale(const float *xmj, int r0, float 
 
 /* OWN(j), once S(j) is in s: logits scaled and masked (um: this thread's used bits), the
  * row max from m(j-1) (m_run becomes m(j)), P(j) to pa, and the factor alpha and the sums
- * lsum with which the caller moves l and O, once no PV into O is in flight. NB: n8 column
- * blocks of the tile (8: v11's 64 entries; 6 was v23's 48). */
-template <int NB = 8>
-__device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, float s[4 * NB],
+ * lsum with which the caller moves l and O, once no PV into O is in flight. */
+__device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, float s[32],
                                                 uint64_t um, float m_run[2], float m_top[2],
-                                                uint32_t pa[2 * NB], float alpha[2],
+                                                uint32_t pa[16], float alpha[2],
                                                 float lsum[2], bool &moved) {
+  constexpr int NB = 8; /* n8 column blocks of the tile */
   const float NEG_INF = -INFINITY;
   float tmax[2] = {NEG_INF, NEG_INF};
   if (!SMLA_PROBE_NO_EXP) fwd_scale_logits<4 * NB>(s, a.logit_scale, a.softcap);

@@ -18,15 +18,6 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32
          ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
 }
 
-/* Shared-memory matrix descriptor without swizzle (layout type 0), K-major: the operand is
- * a grid of 8-row x 16-byte core matrices, each 128 contiguous bytes; lbo = bytes between
- * core matrices adjacent along K, sbo = bytes between core matrices adjacent along M or N
- * (v23's P, whose 96-byte rows have no swizzle atom). */
-__device__ __forceinline__ uint64_t wg_desc_plain(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((saddr & 0x3ffffu) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
-         ((uint64_t)(sbo >> 4) << 32);
-}
-
 /* wgmma.fence.sync.aligned: orders register accesses before the next wgmma.mma_async. */
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
@@ -84,7 +75,7 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float d[32], uint64_t da, uin
 }
 
 /* wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16: d[64x48] += A[64x16] B[16x48], A
- * and B K-major in shared memory (v23's S of a 48-row tile). */
+ * and B K-major in shared memory (bench/wgmma_s.cu's n48 way: v23's S, code at 37bc82a). */
 __device__ __forceinline__ void wgmma_m64n48k16_ss(float d[24], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
@@ -92,17 +83,6 @@ __device__ __forceinline__ void wgmma_m64n48k16_ss(float d[24], uint64_t da, uin
       "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, %24, %25, p, 1, 1, 0, 0;\n}\n"
       : WG_F8(d, 0), WG_F8(d, 8), WG_F8(d, 16)
       : "l"(da), "l"(db), "n"(1));
-}
-
-/* The same with A from registers (a: this thread's fragment, wgmma_m64n128k16_rs_tb's
- * layout), B K-major in shared memory: v23's S over the k-steps of Q its scorer holds. */
-__device__ __forceinline__ void wgmma_m64n48k16_rs(float d[24], const uint32_t a[4], uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, {%24,%25,%26,%27}, %28, p, 1, 1, 0;\n}\n"
-      : WG_F8(d, 0), WG_F8(d, 8), WG_F8(d, 16)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(1));
 }
 
 /* wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 for N = 8, 16, 32: d[64xN] +=
