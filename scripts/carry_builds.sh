@@ -9,7 +9,7 @@
 #   AB_FLAGS="-DSMLA_FWD90_X=1" [AB2_FLAGS=...] bash scripts/carry_builds.sh
 #   CARRY_BUILDS="build-ab=-DSMLA_FWD90_X=1;build-v2=-DSMLA_FWD90_X=2 -DY=1" bash scripts/carry_builds.sh
 # (then AB_BUILDS="build-ab build-v2" for device_ab.sh). The lent cards are H100 / H200,
-# so the generic kernels are built for sm_90 only (CARRY_GENCODE; ~4 MB a build, gzip).
+# so the generic kernels are built for sm_90 only (CARRY_GENCODE; ~6 MB a build, gzip).
 # The experiments differ from the default in the sm90 kernel file alone (their flags are
 # read nowhere else: checked below), so each is the default's objects with that one file
 # compiled again, and relinked.
@@ -47,7 +47,5 @@ for spec in "${list[@]}"; do
   rm -f "$d/obj/src/cuda/sm90/forward_wgmma.o"
   make -j"$(nproc)" all NCCL=0 BUILD="$d" NVCC_GENCODE="$gencode" NVCC_EXTRA="$flags" \
     >"carry/$name.log" 2>&1 || { tail -5 "carry/$name.log"; exit 1; }
-  grep -h "spill" "$d"/obj/src/cuda/sm90/forward_wgmma.o.ptxas 2>/dev/null | sort | uniq -c |
-    sed "s/^/  $name ptxas: /" | head -4 || true
   pack "$d" "$name" "$flags"
 done

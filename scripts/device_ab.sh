@@ -11,7 +11,8 @@
 # (AB_SAN_TOOLS, default racecheck synccheck memcheck) over each experiment's (or
 # AB_SAN_BUILDS's) cases of AB_SAN_FILTER (empty: no sanitizer). Logs: $OUT/ab.tgz.
 # Prints a summary table last. AB_SMOKE="filter": those cases first on each experiment;
-# one that fails them is left out of the rest of the call. AB_BENCH_RUNS (default 2). AB_PREBUILT=1: the builds were made on the calling machine
+# one that fails them is left out of the rest of the call. AB_BENCH_RUNS (default 2).
+# AB_PREBUILT=1: the builds were made on the calling machine
 # by scripts/carry_builds.sh (same flags) and carried as carry/<build>.tgz; they are
 # unpacked instead of built (a call then spends no device time compiling); AB_BUILDS="name
 # .." then names any number of them (their flags from each build's flags.txt).

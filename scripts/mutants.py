@@ -9,8 +9,8 @@ a missing test, and this script then exits 1.
                                               the mutants in parallel, then tests each)
   python3 scripts/mutants.py --list           the list, with what each one breaks
   python3 scripts/mutants.py --only a,b       just these
-  --nvcc-extra="-DSMLA_FWD90_X=1"             the tree and mutants built as an experiment
-                                              (adds the mutants whose flags name it)
+  --nvcc-extra="-DSMLA_FWD90_X=1"             the tree and every mutant built as that
+                                              experiment (NVCC_EXTRA)
   --md FILE                                   also write the result table as markdown
 
 Each mutant names one exact piece of source that must occur exactly once: when the code
@@ -37,10 +37,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Mutant:
-    def __init__(self, name, target, path, old, new, what, filt=None, flags=None):
+    def __init__(self, name, target, path, old, new, what, filt=None):
         self.name, self.target, self.path = name, target, path
         self.old, self.new, self.what, self.filt = old, new, what, filt
-        self.flags = flags  # a build flag the mutated code needs (run with --nvcc-extra)
 
 
 M = Mutant
@@ -386,22 +385,17 @@ def main():
                     "first full build)")
     ap.add_argument("--nvcc-extra", default="",
                     help="build the tree and every mutant with these nvcc flags (an "
-                    "experiment build, e.g. -DSMLA_FWD90_PERSIST=0); the mutants of code that "
-                    "only such a build has run only when their flag is here")
+                    "experiment build, e.g. -DSMLA_FWD90_PERSIST=0), so that the mutation "
+                    "check judges the tests against the kernel that build selects")
     args = ap.parse_args()
 
-    todo = [m for m in MUTANTS if m.target == args.target and
-            (not m.flags or m.flags in args.nvcc_extra.split())]
+    todo = [m for m in MUTANTS if m.target == args.target]
     if args.only:
         names = args.only.split(",")
         unknown = [n for n in names if n not in {m.name for m in MUTANTS}]
         if unknown:
             sys.exit("mutants: unknown mutant(s) %s (--list names them)" % ", ".join(unknown))
         todo = [m for m in MUTANTS if m.name in names]
-        unbuilt = [m.name for m in todo if m.flags and m.flags not in args.nvcc_extra.split()]
-        if unbuilt:  # its code would not be compiled: it would survive and prove nothing
-            sys.exit("mutants: %s need --nvcc-extra=%s" % (", ".join(unbuilt), todo[0].flags
-                     if len({m.flags for m in todo if m.flags}) == 1 else "(their flags)"))
     if args.list:
         for m in todo:
             print("%-26s %-4s %-34s %s" % (m.name, m.target, m.path, m.what))

@@ -387,17 +387,16 @@ static void c_wide_n48_k1(t_case *tc) { wide(tc, 3, 48, 1, 64, 0.0f, 0, 0); }
  * refilled (v11's shortest exchange both ways). */
 static void c_wide_n64_two_tiles(t_case *tc) { wide(tc, 2, 64, 128, 64, 0.0f, 0, 1); }
 /* One split of 33 tiles (34 with Dr 0): on an sm90 device the wgmma kernel's tile loop
- * (v11, the relay, or another version an experiment build selects; at N <= 32
- * the small-head kernel's) over a long split with an odd tile count, an empty row and a
- * random length each. The case checks that the plan's describe names a 64-head tile loop
- * (or the small-head tiles), so that a plan that fell back to another kernel cannot pass
- * for it. */
+ * (v11, the relay; at N <= 32 the small-head kernel's) over a long split with an odd tile
+ * count, an empty row and a random length each. The case checks that the plan's describe
+ * names that loop, so that a plan that fell back to another kernel cannot pass for it (an
+ * experiment build of another 64-head loop fails this check, and only this one). */
 static void unsplit(t_case *tc, int N, int K, int dr, float softcap, int sink) {
   wide(tc, 3, N, K, dr, softcap, sink, 1);
   char what[96];
   snprintf(what, sizeof what, "K = %d (%d tiles, one split): its tile loop", K, (K + 63) / 64);
   expect_sm90_describe(tc, 3, N, K, dr, 1,
-                       N > 32 ? "tile loop v" : "swap-AB small-head tiles", what);
+                       N > 32 ? "tile loop v11 (relay)" : "swap-AB small-head tiles", what);
 }
 /* Forced narrower head groups (desc.heads_per_block): N heads as ceil(N / hb) groups, on
  * the small-head sm90 kernel (hb heads a block) and, through fwd_run, the generic kernel
