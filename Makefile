@@ -72,6 +72,8 @@ EXAMPLE := $(BUILD)/decode_step
 GATHER := $(if $(NVCC),$(BUILD)/gather_bench)
 # The S-only microbenchmark (bench/wgmma_s.cu): wgmma S of 64- and 32-row tiles, CUDA only.
 WGMMA_S := $(if $(NVCC),$(BUILD)/wgmma_s_bench)
+# The hand-off microbenchmark (bench/handoff.cu): mbarrier against named barrier, CUDA only.
+HANDOFF := $(if $(NVCC),$(BUILD)/handoff_bench)
 
 # NCCL, for the decode-context-parallel example (examples/dcp_nccl.c) only: NCCL_HOME with
 # include/nccl.h and lib/ (or lib64/) libnccl.so*, else looked for beside CUDA and in
@@ -96,7 +98,7 @@ endif
 
 .PHONY: all lib test test-c test-python bench plot install clean sanitize fuzz mutants mutants-gpu
 .DEFAULT_GOAL := all
-all: lib $(CLI) $(TESTS) $(EXAMPLE) $(DCP) $(GATHER) $(WGMMA_S)
+all: lib $(CLI) $(TESTS) $(EXAMPLE) $(DCP) $(GATHER) $(WGMMA_S) $(HANDOFF)
 lib: $(STATIC) $(SHARED) $(BUILD)/libsmla.so
 
 $(BUILD)/obj/%.o: %.c
@@ -168,6 +170,10 @@ $(GATHER): bench/gather.cu
 	$(NVCC) $(NVCC_FLAGS) -gencode arch=compute_90a,code=sm_90a $< -o $@
 
 $(WGMMA_S): bench/wgmma_s.cu src/cuda/sm90/wgmma.cuh
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -gencode arch=compute_90a,code=sm_90a $< -o $@
+
+$(HANDOFF): bench/handoff.cu src/cuda/sm90/wgmma.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -gencode arch=compute_90a,code=sm_90a $< -o $@
 
