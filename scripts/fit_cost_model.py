@@ -50,8 +50,6 @@ DEFAULT = {
     "SM90S_BLOCK_FIXED_US_32": 6.53,
     "GROUP_ROW_SHARE": 0.56,          # the share of its rows that a head group past the first
                                       # of a (row, split) reads at the gather rate
-    "DISTINCT_FRAC": 1.0,             # the distinct rows (one head group's) a tile period,
-                                      # as a fraction of peak: the DRAM floor of many blocks
     "COMBINE_FIXED_US": 0.0,
     "COMBINE_FRAC": 1.10,             # partial bytes (written + read) per us / peak
     "CLUSTER_MERGE_US": 3.33,         # the 64-head kernel's in-kernel merge: a fixed cost
@@ -113,8 +111,7 @@ def model_us(c, kern, hb, N, T, K, row_bytes, s, merged, sms, peak, clusters=Non
     tile = max(tile_alone(c, kern, hb), c["TILE_LATENCY_US"])
     share = (1.0 + (groups - 1) * c["GROUP_ROW_SHARE"]) / groups
     mem = BN * row_bytes * active * share / (c["GATHER_FRAC"] * peak)
-    distinct = BN * row_bytes * active / groups / (c["DISTINCT_FRAC"] * peak)
-    tile = max(tile, mem, distinct)
+    tile = max(tile, mem)
     cost = c["FORWARD_FIXED_US"] + waves * (tps * tile + block_fixed(c, kern, hb))
     if merged:
         if kern == "sm90":
