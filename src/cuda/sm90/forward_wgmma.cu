@@ -86,6 +86,18 @@
 #define SMLA_FWD90_PERSIST 1
 #endif
 
+/* SMLA_FWD90_NB_PREADY (session 30; built, not yet run; default 0): v11's P hand-off (pready)
+ * through named barriers 2 + stage (bar.arrive by the 128 threads of the tile's warpgroup,
+ * bar.sync by all 256 compute threads) instead of an mbarrier of 128 arrivals polled with
+ * try_wait, as FlashMLA's kernel hands its row maxima and P between warpgroups
+ * (docs/design/cuda-sm90-forward.md, session 30). A named barrier has no phase: the next
+ * arrival on a stage's barrier (tile j + 2, the same warpgroup, or across a unit's end,
+ * after the epilogue's barrier) always follows the other warpgroup's wait for tile j,
+ * which the relay's order guarantees (P(j + 1) comes after that wait). */
+#ifndef SMLA_FWD90_NB_PREADY
+#define SMLA_FWD90_NB_PREADY 0
+#endif
+
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
 #define W_HEADS 64
@@ -400,10 +412,11 @@ __device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, flo
 }
 
 /* OWN(j)'s hand-off: P(j) to the P block pb, m(j) and the largest logit to xmj, then the
- * arrival on pready. */
+ * arrival on pready (stage st's mbarrier, or its named barrier: SMLA_FWD90_NB_PREADY). */
 __device__ __forceinline__ void w11_own_publish(const uint32_t pa[16], int r0, int tig,
                                                 uint8_t *pb, float *xmj, uint32_t pready_st,
-                                                const float m_run[2], const float m_top[2]) {
+                                                uint32_t st, const float m_run[2],
+                                                const float m_top[2]) {
 #pragma unroll
   for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -416,7 +429,10 @@ __device__ __forceinline__ void w11_own_publish(const uint32_t pa[16], int r0, i
   /* Every thread arrives for its own P and xm stores (one arrival a warp after
    * __syncwarp measured the same, bench/RESULTS.md session 13 run 3, and racecheck,
    * which does not order the other lanes' stores before lane 0's arrival, flagged it). */
-  mbar_arrive(pready_st);
+  if (SMLA_FWD90_NB_PREADY)
+    named_bar_arrive(2 + (int)st, W_THREADS);
+  else
+    mbar_arrive(pready_st);
 }
 
 /* One step of a compute warpgroup: tile j, its own (OWN) or the other's (CROSS), as the
@@ -446,7 +462,11 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     float *xmj = (float *)(smem + L.xm) + st * 128u; /* [m, top][64] after tile j */
     w11_release_prev(j, gj, empty_b, O, pa);
     if (!own) { /* CROSS(j) */
-      mbar_wait(pready_b + 8u * st, par); /* P(j), m(j); tile j landed before it */
+      /* P(j), m(j); tile j landed before it */
+      if (SMLA_FWD90_NB_PREADY)
+        named_bar_sync(2 + (int)st, W_THREADS);
+      else
+        mbar_wait(pready_b + 8u * st, par);
       W11_PHASE(5);
       /* the stage and the P block, seen here, visible to wgmma */
       if (!SMLA_PROBE_NO_FENCE) fence_proxy_async();
@@ -488,7 +508,7 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     float alpha[2], lsum[2];
     bool moved;
     w11_own_softmax(a, s, um, m_run, m_top, pa, alpha, lsum, moved);
-    w11_own_publish(pa, r0, tig, smem + (pblk - sbase), xmj, pready_b + 8u * st, m_run,
+    w11_own_publish(pa, r0, tig, smem + (pblk - sbase), xmj, pready_b + 8u * st, st, m_run,
                     m_top);
     W11_PHASE(4);
 #pragma unroll
