@@ -316,6 +316,11 @@ static smla_plan *plan_for(t_case *tc, smla_context *ctx, int64_t T, int N, int 
   return plan;
 }
 
+/* What the describe of a plan on the sm90 64-head kernel says of its tile loop: "tile loop
+ * v11 (relay)", or, built with SMLA_FWD90_PAIR, "tile loop v24 (pairs)" (not the small-head
+ * kernel's "swap-AB small-head tiles"). */
+#define SM90_WIDE_LOOP "tile loop v"
+
 /* On each GPU whose plan of this BF16 shape (splits: 0 the plan's, else forced) runs a
  * cuda-sm90 kernel, the plan's describe must contain `needle`; `what` says why. */
 static void expect_sm90_describe(t_case *tc, int64_t T, int N, int K, int dr, int splits,
@@ -396,7 +401,7 @@ static void unsplit(t_case *tc, int N, int K, int dr, float softcap, int sink) {
   char what[96];
   snprintf(what, sizeof what, "K = %d (%d tiles, one split): its tile loop", K, (K + 63) / 64);
   expect_sm90_describe(tc, 3, N, K, dr, 1,
-                       N > 32 ? "tile loop v11 (relay)" : "swap-AB small-head tiles", what);
+                       N > 32 ? SM90_WIDE_LOOP : "swap-AB small-head tiles", what);
 }
 /* Forced narrower head groups (desc.heads_per_block): N heads as ceil(N / hb) groups, on
  * the small-head sm90 kernel (hb heads a block) and, through fwd_run, the generic kernel

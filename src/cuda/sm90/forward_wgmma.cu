@@ -3,9 +3,9 @@
  * per block (SPEC §3), tensor cores through wgmma with both operands in shared memory (and
  * P from registers); and, at the end, the small-head kernel (N <= 32 by default: heads on
  * the wgmma N axis; the plan gives the generic kernel the fewest rows, where it is faster).
- * Design, napkin math and every measured version (v1-v23; v2-v8's code is in the git
- * history, v3 / v7 last at d2d16d7, v12 at 8663169, v13 at f3d4a0c, v15 (tile pairs) at
- * dea8388, v16 (S before the cross PV) at 6c73d08, v18 (two gather warpgroups) at dcf51d5,
+ * Design, napkin math and every measured version (v1-v24; v2-v8's code is in the git
+ * history, v3 / v7 last at d2d16d7, v12 at 8663169, v13 at f3d4a0c, v15 (tile pairs; back
+ * as v24, SMLA_FWD90_PAIR) at dea8388, v16 (S before the cross PV) at 6c73d08, v18 (two gather warpgroups) at dcf51d5,
  * v19 (either event first) at b193fe8, v20 (the column pair, 2-block clusters) at d70d269,
  * v22 (the scorer: S and softmax on a third compute warpgroup) at e5161fd, v23 (three
  * 48-row stages, the scorer a tile ahead, a persistent grid) at 37bc82a):
@@ -98,6 +98,23 @@
 #define SMLA_FWD90_NB_PREADY 0
 #endif
 
+/* SMLA_FWD90_PAIR (v24 in docs/design/cuda-sm90-forward.md: session 21's v15 on today's
+ * kernel; default 0 until measured): 1: the 64-head kernel runs tiles in pairs (w24_pairs
+ * below) with half-stage barriers, instead of v11's relay; warpgroup 0 issues the next
+ * pair's S behind its cross PV and releases stage 1's left half once that PV is done
+ * (FlashMLA's order). 2: warpgroup 0 waits for its cross PV and releases that half before
+ * the next S waits for its rows, so the refill of that half does not wait for the next
+ * tile. SMLA_FWD90_PAIR_NB (default 1; with PAIR only): the four hand-offs a pair between
+ * the compute warpgroups (m0, m1, P0, P1) on named barriers 2-5 (bar.arrive by the sender,
+ * bar.sync by the receiver: FlashMLA's), 0: on mbarriers of 128 arrivals polled with
+ * try_wait (v15's). */
+#ifndef SMLA_FWD90_PAIR
+#define SMLA_FWD90_PAIR 0
+#endif
+#ifndef SMLA_FWD90_PAIR_NB
+#define SMLA_FWD90_PAIR_NB 1
+#endif
+
 #define W_THREADS 256 /* the two compute warpgroups */
 #define W_BLOCK (W_THREADS + 128) /* and the gather warpgroup */
 #define W_HEADS 64
@@ -107,13 +124,37 @@ struct w_layout {
   uint32_t q, kv, p, xm, red, rowmax, rowtop, mask, bar, total;
 };
 
+/* Offsets from L.bar of the mbarriers. v11: full[2], empty[2], pready[2], qfree. v24
+ * (SMLA_FWD90_PAIR): full[stage][half], empty[stage][half] (half 0: column blocks 0-3, V's
+ * left 256 columns; half 1: the rest), mready[wg], pready[wg], qfree. */
+#define W_BAR_FULL(st, h) (SMLA_FWD90_PAIR ? 8u * (2u * (st) + (h)) : 8u * (st))
+#define W_BAR_EMPTY(st, h) (SMLA_FWD90_PAIR ? 32u + 8u * (2u * (st) + (h)) : 16u + 8u * (st))
+#define W_BAR_MREADY(w) (64u + 8u * (w))
+#define W_BAR_PREADY(w) (SMLA_FWD90_PAIR ? 80u + 8u * (w) : 32u + 8u * (w))
+#define W_BAR_QFREE (SMLA_FWD90_PAIR ? 96u : 48u)
+
 __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   w_layout l = {};
   const uint32_t tile = (uint32_t)((512 + dr) / 64) * W_KB_BYTES;
   l.q = 0;
   l.kv = l.q + tile;
-  l.p = l.kv + 2u * tile; /* dr = 0: P of stage 0, then P of stage 1 (dr = 64: P of a
-                             stage goes in its rope block, which only S reads) */
+  l.p = l.kv + 2u * tile;
+  if (SMLA_FWD90_PAIR) {
+    /* v24: P of tile 2i (warpgroup 0's) goes in stage 0's rope block at dr = 64 (at p at
+     * dr = 0), P of tile 2i + 1 at p (p + 8 KB at dr = 0): stage 1's rope block is
+     * refilled before warpgroup 0's PV has read it. xm: [wg][64] float, each warpgroup's
+     * reference max of the pair; rowtop: [wg][64], each warpgroup's largest logit. */
+    l.xm = l.p + (dr ? 1u : 2u) * W_KB_BYTES;
+    l.red = l.xm + 2u * 64u * 4u;
+    l.rowmax = l.red + 2u * 64u * 4u;
+    l.rowtop = l.rowmax + 64u * 4u;
+    l.mask = l.rowtop + 2u * 64u * 4u; /* [2] uint64 at offset 0 (v11: at 64) */
+    l.bar = l.mask + 16u;
+    l.total = l.bar + 13u * 8u;
+    return l;
+  }
+  /* dr = 0: P of stage 0, then P of stage 1 (dr = 64: P of a stage goes in its rope
+   * block, which only S reads) */
   /* [2 stages][m, top][64] float: the reference max and the largest logit after the
    * stage's tile (dr = 64: in the 8 KB block at p). */
   l.xm = dr ? l.p : l.p + 2u * W_KB_BYTES;
@@ -124,6 +165,12 @@ __host__ __device__ constexpr w_layout w_layout_of(int dr) {
   l.bar = l.mask + 4u * 64u;     /* mbarriers full[2], empty[2], pready[2], qfree */
   l.total = l.bar + 7u * 8u;
   return l;
+}
+
+/* A row's largest logit from this block's rowtop (v24 keeps one a warpgroup; the cluster
+ * merge reads both through w_cluster_factor). */
+__device__ __forceinline__ float w_row_top(const float *rowtop, int row) {
+  return SMLA_FWD90_PAIR ? fmax_nan(rowtop[row], rowtop[64 + row]) : rowtop[row];
 }
 /* Both layouts, with the 1 KB slack that aligns the base, within the 227 KB opt-in (else
  * the plan would drop to the generic kernel at run time). */
@@ -166,6 +213,8 @@ __device__ __forceinline__ float w_cluster_factor(const smla_cuda_fwd_args &a, i
     lk[k] = ld_cluster_f32(red_s + 4u * row, (uint32_t)k) +
             ld_cluster_f32(red_s + 256u + 4u * row, (uint32_t)k);
     if (writer) top = fmax_nan(top, ld_cluster_f32(rowtop_s + 4u * row, (uint32_t)k));
+    if (writer && SMLA_FWD90_PAIR) /* v24: one largest logit a warpgroup */
+      top = fmax_nan(top, ld_cluster_f32(rowtop_s + 256u + 4u * row, (uint32_t)k));
   }
 #pragma unroll
   for (int k = 0; k < 8; k++)
@@ -321,13 +370,19 @@ __device__ __forceinline__ void w11_pv_ss(float O[2][64], uint32_t p_s, uint32_t
 #define W11_STEP_PROBE
 #endif
 
+/* pa stays in its registers up to here (an RS wgmma read it asynchronously until the
+ * wait before this). */
+__device__ __forceinline__ void w_keep_pa(const uint32_t pa[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+}
+
 /* The top of a step at tile j: the PV of tile j-1 (this warpgroup's part; RS: pa was read
  * until here) is done, and this warp releases its part of that stage. */
 __device__ __forceinline__ void w11_release_prev(int j, uint32_t gj, uint32_t empty_b,
                                                  float O[2][64], const uint32_t pa[16]) {
   wg_wait<0>();
-#pragma unroll
-  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+  w_keep_pa(pa);
   w11_pin_o(O);
   if (j >= 1 && (threadIdx.x & 31) == 0) mbar_arrive(empty_b + 8u * ((gj & 1u) ^ 1u));
 }
@@ -354,13 +409,19 @@ __device__ __forceinline__ void w11_cross_scale(const float *xmj, int r0, float 
   if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, f);
 }
 
-/* OWN(j), once S(j) is in s: logits scaled and masked (um: this thread's used bits), the
- * row max from m(j-1) (m_run becomes m(j)), P(j) to pa, and the factor alpha and the sums
- * lsum with which the caller moves l and O, once no PV into O is in flight. */
-__device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, float s[32],
-                                                uint64_t um, float m_run[2], float m_top[2],
-                                                uint32_t pa[16], float alpha[2],
-                                                float lsum[2], bool &moved) {
+/* The online softmax of one tile's S (v11's own tiles, v24's every tile), s holding the
+ * raw accumulators of this thread's rows r0, r0 + 8: logits scaled (softcap) and masked by
+ * the used-entry bits um (bit 8 n + e: column 8 n + 2 tig + e), m_top raised to the tile's
+ * max; m_new the reference max from mref (lazy, v10: it stays while the max grew by at most
+ * W_TAU), alpha the factor that moves what O and the sums were relative to (m_run) to
+ * m_new, lsum P's row sums, pa P as bf16 pairs (the A fragment of an RS wgmma); moved:
+ * whether a row's reference changed. OWN_REF (v11: mref is m_run, and m_new may be it too):
+ * moved where the max grew past the lazy bound; else where m_new is not m_run. */
+template <bool OWN_REF>
+__device__ __forceinline__ void w_softmax(const smla_cuda_fwd_args &a, float s[32], uint64_t um,
+                                          const float *mref, const float *m_run, float m_top[2],
+                                          float *m_new, float alpha[2], float lsum[2],
+                                          uint32_t pa[16], bool &moved) {
   constexpr int NB = 8; /* n8 column blocks of the tile */
   const float NEG_INF = -INFINITY;
   float tmax[2] = {NEG_INF, NEG_INF};
@@ -382,13 +443,13 @@ __device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, flo
     tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 1));
     tmax[hh] = fmax_nan(tmax[hh], __shfl_xor_sync(0xffffffffu, tmax[hh], 2));
     m_top[hh] = fmax_nan(m_top[hh], tmax[hh]);
-    float m_new = fmax_nan(m_run[hh], tmax[hh]); /* NaN: out, lse, max NaN */
-    /* Lazy (v10): the reference stays while the max grew by at most W_TAU. */
-    if (W_TAU > 0.0f && m_new - m_run[hh] <= W_TAU) m_new = m_run[hh];
-    else moved = true;
-    const float use = m_new == NEG_INF ? 0.0f : m_new; /* nothing used yet */
+    float m = fmax_nan(mref[hh], tmax[hh]); /* NaN: out, lse, max NaN */
+    if (W_TAU > 0.0f && m - mref[hh] <= W_TAU) m = mref[hh];
+    else if (OWN_REF) moved = true;
+    if (!OWN_REF) moved |= !(m == m_run[hh]); /* NaN moves */
+    const float use = m == NEG_INF ? 0.0f : m; /* nothing used yet */
     alpha[hh] = ex2_approx((m_run[hh] - use) * FWD_LOG2E);
-    m_run[hh] = m_new;
+    m_new[hh] = m;
     mls[hh] = use * FWD_LOG2E;
   }
 #pragma unroll
@@ -402,6 +463,7 @@ __device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, flo
       const float p0 = ex2_approx(fmaf(s[4 * n + 2 * hh], FWD_LOG2E, -mls[hh]));
       const float p1 = ex2_approx(fmaf(s[4 * n + 2 * hh + 1], FWD_LOG2E, -mls[hh]));
 #endif
+      if (!OWN_REF) s[4 * n + 2 * hh] = p0, s[4 * n + 2 * hh + 1] = p1; /* v24 rescales P */
       lsum[hh] += p0 + p1;
       pa[2 * n + hh] = pack_bf16x2(p0, p1);
     }
@@ -411,17 +473,22 @@ __device__ __forceinline__ void w11_own_softmax(const smla_cuda_fwd_args &a, flo
 #endif
 }
 
+/* pa (this thread's fragment of a [64][64] bf16 P) into the 128-byte-swizzled block at pb. */
+__device__ __forceinline__ void w_store_p(uint8_t *pb, const uint32_t pa[16], int r0, int tig) {
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+      *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
+}
+
 /* OWN(j)'s hand-off: P(j) to the P block pb, m(j) and the largest logit to xmj, then the
  * arrival on pready (stage st's mbarrier, or its named barrier: SMLA_FWD90_NB_PREADY). */
 __device__ __forceinline__ void w11_own_publish(const uint32_t pa[16], int r0, int tig,
                                                 uint8_t *pb, float *xmj, uint32_t pready_st,
                                                 uint32_t st, const float m_run[2],
                                                 const float m_top[2]) {
-#pragma unroll
-  for (int n = 0; n < 8; n++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++)
-      *(uint32_t *)(pb + w_chunk(r0 + 8 * hh, n) + 4 * tig) = pa[2 * n + hh];
+  w_store_p(pb, pa, r0, tig);
   if (tig == 0)
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) xmj[r0 + 8 * hh] = m_run[hh], xmj[64 + r0 + 8 * hh] = m_top[hh];
@@ -507,7 +574,7 @@ __device__ __forceinline__ void w11_step(const smla_cuda_fwd_args &a, uint8_t *s
     W11_PHASE(3);
     float alpha[2], lsum[2];
     bool moved;
-    w11_own_softmax(a, s, um, m_run, m_top, pa, alpha, lsum, moved);
+    w_softmax<true>(a, s, um, m_run, m_run, m_top, m_run, alpha, lsum, pa, moved);
     w11_own_publish(pa, r0, tig, smem + (pblk - sbase), xmj, pready_b + 8u * st, st, m_run,
                     m_top);
     W11_PHASE(4);
@@ -543,8 +610,7 @@ __device__ __forceinline__ void w11_loop(const smla_cuda_fwd_args &a, int ntiles
     w11_step<DR>(a, smem, sbase, L, wg, j, g0 + (uint32_t)j, ntiles, (j & 1) == wg, O, m_run,
                  l_run, m_top, s, pa, q_s W11_STEP_PROBE);
   wg_wait<0>();
-#pragma unroll
-  for (int i = 0; i < 16; i++) asm volatile("" ::"r"(pa[i]) : "memory");
+  w_keep_pa(pa);
   w11_pin_o(O);
   /* The last tile's stage (its PVs done): the next unit's tiles may come in. */
   if (lane == 0) mbar_arrive(empty_b + 8u * ((g0 + (uint32_t)ntiles - 1u) & 1u));
@@ -568,10 +634,10 @@ __device__ __forceinline__ void w_load_q(const smla_cuda_fwd_args &a, uint32_t q
 }
 
 /* A gather warp's copies of its RPW (16, or 8 with two gather warpgroups) rows of a tile
- * (KB column blocks) into the stage at base: 4 rows an instruction, lane (rl, cl) chunk cl
- * of row 4 rg + rl; the slot sc and used bit u_mine of row RPW pw + r sit in lane r (and
- * r + RPW, ..). */
-template <int KB, int RPW>
+ * (column blocks CB0..CB1 - 1: all KB of them, or one half-stage's in v24) into the stage
+ * at base: 4 rows an instruction, lane (rl, cl) chunk cl of row 4 rg + rl; the slot sc and
+ * used bit u_mine of row RPW pw + r sit in lane r (and r + RPW, ..). */
+template <int CB0, int CB1, int RPW>
 __device__ __forceinline__ void w_gather_rows(const smla_cuda_fwd_args &a, uint32_t base,
                                               int pw, int rl, int cl, int32_t sc, int u_mine) {
 #pragma unroll 1
@@ -582,7 +648,7 @@ __device__ __forceinline__ void w_gather_rows(const smla_cuda_fwd_args &a, uint3
     const uint8_t *src = a.cache + (u ? (int64_t)sl * a.row_bytes : 0);
 #if !SMLA_PROBE_NO_GATHER
 #pragma unroll
-    for (int cb = 0; cb < KB; cb++)
+    for (int cb = CB0; cb < CB1; cb++)
       cp_async_16(base + w_chunk(row, 8 * cb + cl), src + 16 * (8 * cb + cl), u ? 16u : 0u);
 #else
     (void)base, (void)row, (void)src;
@@ -665,9 +731,285 @@ __device__ __forceinline__ unsigned w_gather_tiles(const smla_cuda_fwd_args &a, 
         mbar_arrive(full_b + 8u * st);
       }
     }
-    w_gather_rows<KB, RPW>(a, kv_s + st * (uint32_t)(KB * W_KB_BYTES), pw, rl, cl, sc, u_mine);
+    w_gather_rows<0, KB, RPW>(a, kv_s + st * (uint32_t)(KB * W_KB_BYTES), pw, rl, cl, sc, u_mine);
     /* This thread's arrival, once its copies have landed. */
     mbar_arrive_cp_async_noinc(full_b + 8u * st);
+  }
+  return bad;
+}
+
+/* ---- v24: tiles in pairs (SMLA_FWD90_PAIR; docs/design/cuda-sm90-forward.md, v15 and v24)
+ * Pair i is tiles 2i (stage 0, warpgroup 0's) and 2i + 1 (stage 1, warpgroup 1's). Each
+ * warpgroup computes its tile's whole S (m64n64k16: Q read once a tile), and both S run
+ * at once. The reference max runs one way inside the pair: warpgroup 0's softmax from the
+ * pair's reference M gives m0 and P0; warpgroup 1's from m0 gives m1 and P1; warpgroup 0
+ * stores P0 exp(m0 - m1) for warpgroup 1, so both warpgroups end the pair at m1, the next
+ * pair's M. Output columns: warpgroup w owns 256 w..256 w + 255 and adds its own P from
+ * registers (RS), the other's from shared memory (SS).
+ *   wg 0: softmax0, m0 out | O += P0 V0[left] (RS) | m1 in: P0 exp(m0 - m1) out | P1 in:
+ *         O *= exp(m0 - m1), O += P1 V1[left] (SS) | S of tile 2i + 2, left half first
+ *   wg 1: S of tile 2i + 1, right half first | m0 in: softmax1, m1 out | O += P1 V1[right]
+ *         (RS) | P1 out | P0 in: O += P0 V0[right] (SS)
+ * Each stage is two halves with their own barriers (half 0: column blocks 0-3, V's left
+ * 256 columns; half 1: blocks 4.., V's right 256 and the rope block), released by the
+ * warpgroup whose PV reads it last and refilled in the order they free up: stage 0 half
+ * 0 (warpgroup 0's RS PV), stage 1 half 1 (warpgroup 1's RS PV), stage 0 half 1 and stage
+ * 1 half 0 (the SS PVs). So the next pair's first halves load while this pair's second PVs
+ * run (v8 released whole stages and held both for a pair). A unit with an odd tile count
+ * ends with a pair whose second tile has no used entry (zeros, logits -inf).
+ * The hand-offs (m0, m1, P0, P1 on named barriers 2, 3, 4, 5; SMLA_FWD90_PAIR_NB): a named
+ * barrier has no phase, so a sender must not arrive for pair i + 1 before the receiver has
+ * waited for pair i. Each is ordered so by another hand-off. Warpgroup 1 sends m1 of pair
+ * i after its wait for m0 of pair i, and warpgroup 0 sends m0 of pair i + 1 after its
+ * waits for m1 and P1 of pair i: so m0 (i + 1) follows the wait for m0 (i), and m1 (i +
+ * 1) and P1 (i + 1), which warpgroup 1 sends after its wait for m0 (i + 1), follow the
+ * waits for m1 (i) and P1 (i). Warpgroup 0 sends P0 of pair i + 1 after its wait for m1
+ * of pair i + 1, which warpgroup 1 sends after its whole pair i, its wait for P0 (i)
+ * included. A unit's pairs end in the epilogue's barrier on both sides. */
+
+/* A hand-off between the compute warpgroups: the sender's 128 threads arrive (their stores
+ * before it are seen by the receiver after its wait), on named barrier id, or on the
+ * mbarrier at bar (v15's form, SMLA_FWD90_PAIR_NB=0). */
+__device__ __forceinline__ void w24_signal(uint32_t bar, int id) {
+  if (SMLA_FWD90_PAIR_NB) named_bar_arrive(id, W_THREADS);
+  else mbar_arrive(bar);
+}
+__device__ __forceinline__ void w24_wait(uint32_t bar, int id, uint32_t par) {
+  if (SMLA_FWD90_PAIR_NB) named_bar_sync(id, W_THREADS);
+  else mbar_wait(bar, par);
+}
+
+/* S[64][64] += Q K^T over column blocks KB0..KB1 - 1 of the stage at kvb, one commit group;
+ * ZERO: s zeroed first (the first part of a tile). */
+template <int KB0, int KB1, bool ZERO>
+__device__ __forceinline__ void w24_s_part(float s[32], uint32_t q_s, uint32_t kvb) {
+  /* Opaque addresses: the stage is fixed, so the descriptors would otherwise be hoisted
+   * out of the loop (and spilled). */
+  asm volatile("mov.u32 %0, %0;" : "+r"(q_s));
+  asm volatile("mov.u32 %0, %0;" : "+r"(kvb));
+  if (ZERO) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i] = 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < 32; i++) wg_pin(s[i]);
+  wg_fence();
+#pragma unroll
+  for (int kb = KB0; kb < KB1; kb++)
+#pragma unroll
+    for (int k4 = 0; k4 < 4; k4++)
+      wgmma_m64n64k16_ss(s, wg_desc(q_s + kb * W_KB_BYTES + k4 * 32, 16, 1024),
+                         wg_desc(kvb + kb * W_KB_BYTES + k4 * 32, 16, 1024));
+  wg_commit();
+}
+
+/* One compute warpgroup's pairs of a unit (WG 0: tiles 2i, WG 1: tiles 2i + 1; the comment
+ * above says in which order), the block's pairs gp0.. (the stage phases count them). */
+template <int DR, int WG>
+__device__ __forceinline__ void w24_pairs(const smla_cuda_fwd_args &a, int np, uint32_t gp0,
+                                          uint8_t *smem, uint32_t sbase, const w_layout &L,
+                                          float O[2][64], float m_run[2], float l_run[2],
+                                          float m_top[2]) {
+  constexpr int KB = (512 + DR) / 64;
+  constexpr uint32_t TILE = KB * W_KB_BYTES;
+  const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
+  const int g = lane >> 2, tig = lane & 3, r0 = 16 * wq + g;
+  const uint32_t bar = sbase + L.bar, kv0 = sbase + L.kv, kv1 = kv0 + TILE;
+  const uint32_t p0s = DR ? kv0 + 8u * W_KB_BYTES : sbase + L.p; /* P0 (warpgroup 0's) */
+  const uint32_t p1s = sbase + L.p + (DR ? 0u : W_KB_BYTES);      /* P1 (warpgroup 1's) */
+  float *xm = (float *)(smem + L.xm); /* [wg][64]: m0, m1 */
+  const volatile uint64_t *umask = (const volatile uint64_t *)(smem + L.mask);
+  const uint32_t q_s = sbase + L.q;
+  float s[32];
+  uint32_t pa[16];
+  if constexpr (WG == 0) {
+    { /* the first pair's S */
+      const uint32_t par = gp0 & 1u;
+      mbar_wait(bar + W_BAR_FULL(0, 0), par);
+      fence_proxy_async();
+      w24_s_part<0, 4, true>(s, q_s, kv0);
+      mbar_wait(bar + W_BAR_FULL(0, 1), par);
+      fence_proxy_async();
+      w24_s_part<4, KB, false>(s, q_s, kv0);
+      wg_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; i++) wg_pin(s[i]);
+    }
+#pragma unroll 1
+    for (int p = 0; p < np; p++) {
+      const uint32_t par = (gp0 + (uint32_t)p) & 1u;
+      /* This warpgroup's last S of the unit has read Q: the next unit's may come in. */
+      if (p + 1 == np && lane == 0) mbar_arrive(bar + W_BAR_QFREE);
+      float m0[2], alpha[2], lsum[2];
+      bool moved;
+      w_softmax<false>(a, s, umask[0] >> (2 * tig), m_run, m_run, m_top, m0, alpha, lsum, pa, moved);
+      if (tig == 0) xm[r0] = m0[0], xm[r0 + 8] = m0[1];
+      w24_signal(bar + W_BAR_MREADY(0), 2);
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
+      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
+      w11_pv_rs(O, pa, kv0, 0);
+      wg_wait<0>();
+      w_keep_pa(pa);
+      w11_pin_o(O);
+      mbar_arrive(bar + W_BAR_EMPTY(0, 0)); /* stage 0's left half: its last reader done */
+      /* m1: P0 and O move to it. */
+      w24_wait(bar + W_BAR_MREADY(1), 3, par);
+      float beta[2];
+      bool moved1 = false;
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const float m1 = xm[64 + r0 + 8 * hh];
+        moved1 |= !(m1 == m0[hh]); /* NaN moves */
+        const float use = m1 == -INFINITY ? 0.0f : m1;
+        beta[hh] = ex2_approx((m0[hh] - use) * FWD_LOG2E);
+        m_run[hh] = m1;
+      }
+      const bool scale = __any_sync(0xffffffffu, moved1);
+      if (scale) {
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+          for (int hh = 0; hh < 2; hh++)
+            pa[2 * n + hh] =
+                pack_bf16x2(s[4 * n + 2 * hh] * beta[hh], s[4 * n + 2 * hh + 1] * beta[hh]);
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) l_run[hh] *= beta[hh];
+      }
+      w_store_p(smem + (p0s - sbase), pa, r0, tig);
+      fence_proxy_async(); /* P0 visible to warpgroup 1's wgmma */
+      w24_signal(bar + W_BAR_PREADY(0), 4);
+      if (scale) w11_scale_o(O, beta);
+      w24_wait(bar + W_BAR_PREADY(1), 5, par);
+      fence_proxy_async();
+      w11_pv_ss(O, p1s, kv1, 0);
+      if (SMLA_FWD90_PAIR == 2) { /* stage 1's left half released before the next S waits */
+        wg_wait<0>();
+        w11_pin_o(O);
+        mbar_arrive(bar + W_BAR_EMPTY(1, 0));
+        if (p + 1 < np) {
+          mbar_wait(bar + W_BAR_FULL(0, 0), par ^ 1u);
+          fence_proxy_async();
+          w24_s_part<0, 4, true>(s, q_s, kv0);
+          mbar_wait(bar + W_BAR_FULL(0, 1), par ^ 1u);
+          fence_proxy_async();
+          w24_s_part<4, KB, false>(s, q_s, kv0);
+          wg_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 32; i++) wg_pin(s[i]);
+        }
+      } else if (p + 1 < np) { /* the next pair's S, its left half under this PV */
+        mbar_wait(bar + W_BAR_FULL(0, 0), par ^ 1u);
+        fence_proxy_async();
+        w24_s_part<0, 4, true>(s, q_s, kv0);
+        wg_wait<1>();
+        w11_pin_o(O);
+        mbar_arrive(bar + W_BAR_EMPTY(1, 0));
+        mbar_wait(bar + W_BAR_FULL(0, 1), par ^ 1u);
+        fence_proxy_async();
+        w24_s_part<4, KB, false>(s, q_s, kv0);
+        wg_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; i++) wg_pin(s[i]);
+      } else {
+        wg_wait<0>();
+        w11_pin_o(O);
+        mbar_arrive(bar + W_BAR_EMPTY(1, 0));
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int p = 0; p < np; p++) {
+      const uint32_t par = (gp0 + (uint32_t)p) & 1u;
+      mbar_wait(bar + W_BAR_FULL(1, 1), par); /* the half warpgroup 1's own PV frees first */
+      fence_proxy_async();
+      w24_s_part<4, KB, true>(s, q_s, kv1);
+      mbar_wait(bar + W_BAR_FULL(1, 0), par);
+      fence_proxy_async();
+      w24_s_part<0, 4, false>(s, q_s, kv1);
+      wg_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; i++) wg_pin(s[i]);
+      if (p + 1 == np && lane == 0) mbar_arrive(bar + W_BAR_QFREE);
+      const uint64_t um = umask[1] >> (2 * tig);
+      w24_wait(bar + W_BAR_MREADY(0), 2, par);
+      float m0[2], m1[2], alpha[2], lsum[2];
+      m0[0] = xm[r0], m0[1] = xm[r0 + 8];
+      bool moved;
+      w_softmax<false>(a, s, um, m0, m_run, m_top, m1, alpha, lsum, pa, moved);
+      if (tig == 0) xm[64 + r0] = m1[0], xm[64 + r0 + 8] = m1[1];
+      w24_signal(bar + W_BAR_MREADY(1), 3);
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        l_run[hh] = l_run[hh] * alpha[hh] + lsum[hh];
+        m_run[hh] = m1[hh];
+      }
+      if (__any_sync(0xffffffffu, moved)) w11_scale_o(O, alpha);
+      w11_pv_rs(O, pa, kv1, 1);
+      w_store_p(smem + (p1s - sbase), pa, r0, tig);
+      fence_proxy_async(); /* P1 visible to warpgroup 0's wgmma */
+      w24_signal(bar + W_BAR_PREADY(1), 5);
+      w24_wait(bar + W_BAR_PREADY(0), 4, par);
+      fence_proxy_async();
+      w11_pv_ss(O, p0s, kv0, 1);
+      wg_wait<1>();
+      w_keep_pa(pa);
+      mbar_arrive(bar + W_BAR_EMPTY(1, 1)); /* stage 1's right half: its last reader done */
+      wg_wait<0>();
+      w11_pin_o(O);
+      mbar_arrive(bar + W_BAR_EMPTY(0, 1));
+    }
+  }
+}
+
+/* The gather warpgroup's pairs of a unit (v24): per pair the four half-stages in the order
+ * their readers free them, each after its empty barrier (from the block's second pair on):
+ * tile 2i's half 0 into stage 0 and tile 2i + 1's half 1 into stage 1 (each with its tile's
+ * used-entry bits, one arrival a warp on that half's full), then tile 2i's half 1 and
+ * tile 2i + 1's half 0. Warp pw copies rows 16 pw.. of both tiles. A tile past the unit's
+ * end (an odd count) has no used entry: zeros. Returns this thread's bad-slot count. */
+template <int KB>
+__device__ __forceinline__ unsigned w24_gather_pairs(const smla_cuda_fwd_args &a,
+                                                     uint8_t *mask_p, uint32_t kv_s,
+                                                     uint32_t bar, slot_pipe &spipe,
+                                                     int32_t req, const int32_t *slot_row,
+                                                     int ks, int kend, int np, uint32_t gp0,
+                                                     int pw, int rl, int cl, int my_row) {
+  constexpr uint32_t TILE = KB * W_KB_BYTES;
+  const int lane = threadIdx.x & 31;
+  unsigned bad = 0;
+#pragma unroll 1
+  for (int p = 0; p < np; p++) {
+    const uint32_t gp = gp0 + (uint32_t)p, prev = (gp - 1u) & 1u;
+    const int j0 = 2 * p, j1 = 2 * p + 1;
+    const int32_t sc0 = slot_pipe_next(spipe, a, req, slot_row, ks, kend, j0, my_row);
+    const int32_t sc1 = slot_pipe_next(spipe, a, req, slot_row, ks, kend, j1, my_row);
+    unsigned nb = 0;
+    const int u0 = entry_used(a, sc0, ks + j0 * FWD_BN + my_row, kend, 0, &nb);
+    const int u1 = entry_used(a, sc1, ks + j1 * FWD_BN + my_row, kend, 0, &nb);
+    bad += lane < 16 ? nb : 0u; /* lanes 16..31 hold the same rows again */
+    const unsigned bits0 = __ballot_sync(0xffffffffu, u0) & 0xffffu;
+    const unsigned bits1 = __ballot_sync(0xffffffffu, u1) & 0xffffu;
+    if (gp >= 1) mbar_wait(bar + W_BAR_EMPTY(0, 0), prev);
+    if (lane == 0) {
+      *(volatile uint16_t *)(mask_p + 2u * (uint32_t)pw) = (uint16_t)bits0;
+      mbar_arrive(bar + W_BAR_FULL(0, 0));
+    }
+    w_gather_rows<0, 4, 16>(a, kv_s, pw, rl, cl, sc0, u0);
+    mbar_arrive_cp_async_noinc(bar + W_BAR_FULL(0, 0));
+    if (gp >= 1) mbar_wait(bar + W_BAR_EMPTY(1, 1), prev);
+    if (lane == 0) {
+      *(volatile uint16_t *)(mask_p + 8u + 2u * (uint32_t)pw) = (uint16_t)bits1;
+      mbar_arrive(bar + W_BAR_FULL(1, 1));
+    }
+    w_gather_rows<4, KB, 16>(a, kv_s + TILE, pw, rl, cl, sc1, u1);
+    mbar_arrive_cp_async_noinc(bar + W_BAR_FULL(1, 1));
+    if (gp >= 1) mbar_wait(bar + W_BAR_EMPTY(0, 1), prev);
+    w_gather_rows<4, KB, 16>(a, kv_s, pw, rl, cl, sc0, u0);
+    mbar_arrive_cp_async_noinc(bar + W_BAR_FULL(0, 1));
+    if (gp >= 1) mbar_wait(bar + W_BAR_EMPTY(1, 0), prev);
+    w_gather_rows<0, 4, 16>(a, kv_s + TILE, pw, rl, cl, sc1, u1);
+    mbar_arrive_cp_async_noinc(bar + W_BAR_FULL(1, 0));
   }
   return bad;
 }
@@ -705,8 +1047,22 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   const uint32_t q_s = sbase + L.q, kv_s = sbase + L.kv;
   /* Everything of the compute warps (O included) lives inside their branch: code after
    * the join runs at the gather warpgroup's register count. */
-  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, qfree_b = full_b + 48u;
-  if (tid == 0) {
+  const uint32_t full_b = sbase + L.bar, empty_b = full_b + 16u, qfree_b = full_b + W_BAR_QFREE;
+  if (tid == 0 && SMLA_FWD90_PAIR) {
+    /* v24. full[st][h]: the 128 gather threads' copies, and on the half that comes first
+     * (tile 2i: half 0, tile 2i + 1: half 1) one arrival a gather warp (its mask bits);
+     * empty[st][h], mready, pready (the last two unused on named barriers): the 128
+     * threads of the warpgroup that reads the half last, or publishes; qfree: the 8
+     * compute warps, as v11's. */
+    mbar_init(full_b + W_BAR_FULL(0, 0), 132), mbar_init(full_b + W_BAR_FULL(0, 1), 128);
+    mbar_init(full_b + W_BAR_FULL(1, 0), 128), mbar_init(full_b + W_BAR_FULL(1, 1), 132);
+#pragma unroll
+    for (uint32_t i = 0; i < 4; i++) mbar_init(full_b + W_BAR_EMPTY(0, 0) + 8u * i, 128);
+#pragma unroll
+    for (uint32_t w = 0; w < 2; w++)
+      mbar_init(full_b + W_BAR_MREADY(w), 128), mbar_init(full_b + W_BAR_PREADY(w), 128);
+    mbar_init(qfree_b, 8);
+  } else if (tid == 0) {
     /* full: the 128 gather threads' copies and one arrival a gather warp (its mask bits);
      * empty: the 8 compute warps; pready: the 128 threads of the tile's warpgroup; qfree:
      * the 8 compute warps, once a unit, when their last S of it is done. */
@@ -735,11 +1091,20 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       slot_pipe spipe = slot_pipe_start(a, blk.req, blk.slot_row, blk.ks, blk.kend, my_row);
       if (nq > 0) mbar_wait(qfree_b, (nq - 1u) & 1u);
       w_load_q<KB>(a, q_s, blk.t, blk.grp * W_HEADS, pw, rl, cl);
+#if SMLA_FWD90_PAIR
+      const int np = (blk.ntiles + 1) / 2;
+      const unsigned nb = w24_gather_pairs<KB>(a, smem + L.mask, kv_s, full_b, spipe, blk.req,
+                                               blk.slot_row, blk.ks, blk.kend, np, g0, pw, rl,
+                                               cl, my_row);
+      if (blk.grp == 0) bad += nb;
+      g0 += (uint32_t)np; /* v24: pairs */
+#else
       const unsigned nb = w_gather_tiles<KB, 16>(a, smem + L.mask + 64u, kv_s, full_b, spipe,
                                                  blk.req, blk.slot_row, blk.ks, blk.kend,
                                                  blk.ntiles, g0, pw, rl, cl, my_row);
       if (blk.grp == 0) bad += nb;
       g0 += (uint32_t)blk.ntiles;
+#endif
       nq++;
     }
   } else {
@@ -765,12 +1130,18 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f}, m_top[2] = {NEG_INF, NEG_INF};
 
   if (ntiles > 0) {
-#if SMLA_PROBE
+#if SMLA_FWD90_PAIR
+    const int np = (ntiles + 1) / 2;
+    if (wg == 0) w24_pairs<DR, 0>(a, np, g0, smem, sbase, L, O, m_run, l_run, m_top);
+    else w24_pairs<DR, 1>(a, np, g0, smem, sbase, L, O, m_run, l_run, m_top);
+    g0 += (uint32_t)np; /* v24: pairs */
+#elif SMLA_PROBE
     w11_loop<DR>(a, ntiles, g0, smem, sbase, L, wg, O, m_run, l_run, m_top, probe_t_);
+    g0 += (uint32_t)ntiles;
 #else
     w11_loop<DR>(a, ntiles, g0, smem, sbase, L, wg, O, m_run, l_run, m_top);
-#endif
     g0 += (uint32_t)ntiles;
+#endif
     /* The combine kernel (a programmatic dependent, smla_cuda_merge_args.pdl) may be
      * scheduled from here on; it waits for this grid's completion before it reads. */
     if (bid + gridDim.x >= units) griddep_launch_dependents();
@@ -785,12 +1156,15 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       if (tig == 0) {
         red[wg * 64 + row] = l;
         if (wg == 0) rowmax_s[row] = m_run[hh], rowtop_s[row] = m_top[hh];
+        else if (SMLA_FWD90_PAIR) rowtop_s[64 + row] = m_top[hh]; /* v24: one a warpgroup */
       }
     }
   } else {
     /* No used entry can exist in this split: every row gets l = 0, m = -inf. */
     for (int i = tid; i < 128; i += W_THREADS) red[i] = 0.0f;
     for (int i = tid; i < 64; i += W_THREADS) rowmax_s[i] = rowtop_s[i] = NEG_INF;
+    if (SMLA_FWD90_PAIR)
+      for (int i = tid; i < 64; i += W_THREADS) rowtop_s[64 + i] = NEG_INF;
   }
   W_SYNC();
 
@@ -813,7 +1187,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
       fwd_row_out r = {NULL, NULL, 0.0f};
       if (live)
         r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row], rowmax_s[row],
-                             rowtop_s[row], wg == 0 && tig == 0);
+                             w_row_top(rowtop_s, row), wg == 0 && tig == 0);
       uint16_t *dst = live ? r.out + 256 * wg + 2 * (tig & ~1) : NULL;
 #pragma unroll
       for (int h = 0; h < 2; h++)
@@ -858,7 +1232,7 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
                            red[row] + red[64 + row], rowmax_s[row], writer && split == 0);
     } else {
       const fwd_row_out r = fwd_row_epilogue(a, t, split, head, red[row] + red[64 + row],
-                                             rowmax_s[row], rowtop_s[row], writer);
+                                             rowmax_s[row], w_row_top(rowtop_s, row), writer);
       if (writer) dst_s[row] = r.out ? (void *)r.out : (void *)r.part;
       f = r.f;
     }
@@ -1224,6 +1598,9 @@ extern "C" int smla_cuda_fwd90_small_heads(int num_heads) {
 /* The tile loop a plan with hb heads a block runs (smla_plan_describe). */
 extern "C" const char *smla_cuda_fwd90_variant(int hb) {
   if (hb < 64) return "swap-AB small-head tiles (heads on the wgmma N axis)";
+  if (SMLA_FWD90_PAIR)
+    return SMLA_FWD90_PERSIST == 1 ? "tile loop v24 (pairs), one split as a persistent grid"
+                                   : "tile loop v24 (pairs)";
   return SMLA_FWD90_PERSIST == 1 ? "tile loop v11 (relay), one split as a persistent grid"
                                  : "tile loop v11 (relay)";
 }
