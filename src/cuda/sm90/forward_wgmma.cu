@@ -102,12 +102,11 @@
  * kernel; default 0 until measured): 1: the 64-head kernel runs tiles in pairs (w24_pairs
  * below) with half-stage barriers, instead of v11's relay; warpgroup 0 issues the next
  * pair's S behind its cross PV and releases stage 1's left half once that PV is done
- * (FlashMLA's order). 2: warpgroup 0 waits for its cross PV and releases that half before
- * the next S waits for its rows, so the refill of that half does not wait for the next
- * tile. SMLA_FWD90_PAIR_NB (default 1; with PAIR only): the four hand-offs a pair between
- * the compute warpgroups (m0, m1, P0, P1) on named barriers 2-5 (bar.arrive by the sender,
- * bar.sync by the receiver: FlashMLA's), 0: on mbarriers of 128 arrivals polled with
- * try_wait (v15's). */
+ * (FlashMLA's order; session 21's PAIR=2, that release before the next S waits, measured
+ * the same and is gone). SMLA_FWD90_PAIR_NB (default 1; with PAIR only): the four
+ * hand-offs a pair between the compute warpgroups (m0, m1, P0, P1) on named barriers 2-5
+ * (bar.arrive by the sender, bar.sync by the receiver: FlashMLA's); 0: on mbarriers of 128
+ * arrivals polled with try_wait (v15's). */
 #ifndef SMLA_FWD90_PAIR
 #define SMLA_FWD90_PAIR 0
 #endif
@@ -883,22 +882,7 @@ __device__ __forceinline__ void w24_pairs(const smla_cuda_fwd_args &a, int np, u
       w24_wait(bar + W_BAR_PREADY(1), 5, par);
       fence_proxy_async();
       w11_pv_ss(O, p1s, kv1, 0);
-      if (SMLA_FWD90_PAIR == 2) { /* stage 1's left half released before the next S waits */
-        wg_wait<0>();
-        w11_pin_o(O);
-        mbar_arrive(bar + W_BAR_EMPTY(1, 0));
-        if (p + 1 < np) {
-          mbar_wait(bar + W_BAR_FULL(0, 0), par ^ 1u);
-          fence_proxy_async();
-          w24_s_part<0, 4, true>(s, q_s, kv0);
-          mbar_wait(bar + W_BAR_FULL(0, 1), par ^ 1u);
-          fence_proxy_async();
-          w24_s_part<4, KB, false>(s, q_s, kv0);
-          wg_wait<0>();
-#pragma unroll
-          for (int i = 0; i < 32; i++) wg_pin(s[i]);
-        }
-      } else if (p + 1 < np) { /* the next pair's S, its left half under this PV */
+      if (p + 1 < np) { /* the next pair's S, its left half under this PV */
         mbar_wait(bar + W_BAR_FULL(0, 0), par ^ 1u);
         fence_proxy_async();
         w24_s_part<0, 4, true>(s, q_s, kv0);
