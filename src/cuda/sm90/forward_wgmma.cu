@@ -764,7 +764,10 @@ __device__ __forceinline__ unsigned w_gather_tiles(const smla_cuda_fwd_args &a, 
  * 1) and P1 (i + 1), which warpgroup 1 sends after its wait for m0 (i + 1), follow the
  * waits for m1 (i) and P1 (i). Warpgroup 0 sends P0 of pair i + 1 after its wait for m1
  * of pair i + 1, which warpgroup 1 sends after its whole pair i, its wait for P0 (i)
- * included. A unit's pairs end in the epilogue's barrier on both sides. */
+ * included. A unit's pairs end in the epilogue's barrier on both sides. This needs both
+ * warpgroups to run the same np pairs of every unit (both take np from the unit's tile
+ * count) with no early exit: a pair one of them skipped (an all-masked tile, say) would put
+ * the counts out of step without a hang to show it. */
 
 /* A hand-off between the compute warpgroups: the sender's 128 threads arrive (their stores
  * before it are seen by the receiver after its wait), on named barrier id, or on the
