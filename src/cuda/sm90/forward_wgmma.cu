@@ -1038,24 +1038,25 @@ __global__ void __launch_bounds__(W_BLOCK, 1)
   if (tid == 0 && SMLA_FWD90_PAIR) {
     /* v24. full[st][h]: the 128 gather threads' copies, and on the half that comes first
      * (tile 2i: half 0, tile 2i + 1: half 1) one arrival a gather warp (its mask bits);
-     * empty[st][h], mready, pready (the last two unused on named barriers): the 128
-     * threads of the warpgroup that reads the half last, or publishes; qfree: the 8
-     * compute warps, as v11's. */
+     * empty[st][h], mready, pready (the last two only on mbarrier hand-offs,
+     * SMLA_FWD90_PAIR_NB=0): the 128 threads of the warpgroup that reads the half last, or
+     * publishes; qfree: the 8 compute warps, as v11's. */
     mbar_init(full_b + W_BAR_FULL(0, 0), 132), mbar_init(full_b + W_BAR_FULL(0, 1), 128);
     mbar_init(full_b + W_BAR_FULL(1, 0), 128), mbar_init(full_b + W_BAR_FULL(1, 1), 132);
 #pragma unroll
     for (uint32_t i = 0; i < 4; i++) mbar_init(full_b + W_BAR_EMPTY(0, 0) + 8u * i, 128);
 #pragma unroll
-    for (uint32_t w = 0; w < 2; w++)
+    for (uint32_t w = 0; w < 2 && !SMLA_FWD90_PAIR_NB; w++)
       mbar_init(full_b + W_BAR_MREADY(w), 128), mbar_init(full_b + W_BAR_PREADY(w), 128);
     mbar_init(qfree_b, 8);
   } else if (tid == 0) {
     /* full: the 128 gather threads' copies and one arrival a gather warp (its mask bits);
-     * empty: the 8 compute warps; pready: the 128 threads of the tile's warpgroup; qfree:
-     * the 8 compute warps, once a unit, when their last S of it is done. */
+     * empty: the 8 compute warps; pready (not on named barriers, SMLA_FWD90_NB_PREADY):
+     * the 128 threads of the tile's warpgroup; qfree: the 8 compute warps, once a unit,
+     * when their last S of it is done. */
     mbar_init(full_b, 132), mbar_init(full_b + 8u, 132);
     mbar_init(empty_b, 8), mbar_init(empty_b + 8u, 8);
-    mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128);
+    if (!SMLA_FWD90_NB_PREADY) mbar_init(full_b + 32u, 128), mbar_init(full_b + 40u, 128);
     mbar_init(qfree_b, 8);
   }
   __syncthreads();
