@@ -165,15 +165,15 @@ $(TESTS): $(TEST_SRC) $(wildcard tests/*.h) $(STATIC)
 $(EXAMPLE): examples/decode_step.c $(STATIC)
 	$(CC) $(WARN) $(CFLAGS) -Iinclude examples/decode_step.c -o $@ $(PROG_LDLIBS)
 
-$(GATHER): bench/gather.cu
+$(GATHER): bench/gather.cu bench/bench_ck.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -gencode arch=compute_90a,code=sm_90a $< -o $@
 
-$(WGMMA_S): bench/wgmma_s.cu src/cuda/sm90/wgmma.cuh
+$(WGMMA_S): bench/wgmma_s.cu bench/bench_ck.cuh src/cuda/sm90/wgmma.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -gencode arch=compute_90a,code=sm_90a $< -o $@
 
-$(HANDOFF): bench/handoff.cu src/cuda/sm90/wgmma.cuh
+$(HANDOFF): bench/handoff.cu bench/bench_ck.cuh src/cuda/sm90/wgmma.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -gencode arch=compute_90a,code=sm_90a $< -o $@
 

@@ -44,14 +44,8 @@
 #define ROWS 64      /* rows per tile (the forward's BN) */
 #define THREADS 128  /* one warpgroup: the forward's gather warpgroup */
 
-#define CK(call)                                                                           \
-  do {                                                                                     \
-    const cudaError_t e_ = (call);                                                         \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "gather_bench: %s failed: %s\n", #call, cudaGetErrorString(e_));    \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
+#define BENCH_NAME "gather_bench"
+#include "bench_ck.cuh"
 
 enum { WAY_CPASYNC, WAY_CPASYNC256, WAY_BULK, WAY_MULTICAST2, WAY_CPASYNC32, WAY_CPASYNC32X2,
        WAY_CPASYNC2WG, WAY_MIXED, WAY_CPASYNC3WG, NUM_WAYS };

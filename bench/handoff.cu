@@ -31,14 +31,8 @@
 
 #include "../src/cuda/sm90/wgmma.cuh"
 
-#define CK(call)                                                                           \
-  do {                                                                                     \
-    const cudaError_t e_ = (call);                                                         \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "handoff_bench: %s failed: %s\n", #call, cudaGetErrorString(e_));   \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
+#define BENCH_NAME "handoff_bench"
+#include "bench_ck.cuh"
 
 enum { K_MBAR128, K_MBAR4, K_NAMED, K_FENCE, K_COUNT };
 static const char *const KIND_NAME[K_COUNT] = {"mbar128", "mbar4", "named", "fence"};

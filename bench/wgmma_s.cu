@@ -38,14 +38,8 @@
 #define BLOCK_BYTES 8192
 #define SMEM_BYTES (2 * KB * BLOCK_BYTES + 1024) /* Q and one tile, + alignment slack */
 
-#define CK(call)                                                                           \
-  do {                                                                                     \
-    const cudaError_t e_ = (call);                                                         \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "wgmma_s_bench: %s failed: %s\n", #call, cudaGetErrorString(e_));   \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
+#define BENCH_NAME "wgmma_s_bench"
+#include "bench_ck.cuh"
 
 /* O[:, 256 wg + ...] += P V over KS k-steps of 16 entries, P [64][16 KS] at p_s (K-major),
  * V the rows at v_s (MN-major): the forward's cross PV (w11_pv_ss), one commit group. */
